@@ -1,0 +1,32 @@
+"""Exceptions raised by the Chunked Hash Tree; every one leaves the tree unchanged."""
+
+
+class CHTError(Exception):
+    """Base class: the operation was refused and the tree is exactly as before the call."""
+
+
+class DuplicateRequest(CHTError):
+    """`insert` of a request id the tree already holds."""
+
+
+class UnknownRequest(CHTError, KeyError):
+    """An operation named a request id the tree does not hold."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown request"
+
+
+class InvalidTransition(CHTError):
+    """The request exists but is in the wrong state (e.g. `activate` of a running request)."""
+
+
+class EmptyPrompt(CHTError, ValueError):
+    """A prompt with no tokens (or an empty hash list) has no prefix to share."""
+
+
+class InvalidTokens(CHTError, ValueError):
+    """Token ids must be integers in [0, 2**32)."""
+
+
+class HashChainError(CHTError, ValueError):
+    """Precomputed hashes that contradict the tree (not cumulative, or a 64-bit collision)."""

@@ -1,0 +1,95 @@
+"""A brute-force Chunked Hash Tree: plain lists and sets, obviously correct, used to check the real one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sglang_feather.cht.errors import DuplicateRequest, EmptyPrompt, InvalidTransition, UnknownRequest
+from sglang_feather.cht.tree import Candidate, RequestState
+from sglang_feather.types import ChunkHash, RequestId
+
+
+class ReferenceTree:
+    """Same operations and results as `ChunkedHashTree`, recomputed from scratch on every query."""
+
+    def __init__(self) -> None:
+        self.hashes: dict[RequestId, list[ChunkHash]] = {}
+        self.states: dict[RequestId, RequestState] = {}
+        self.order: dict[RequestId, tuple[float, int]] = {}
+        self._seq = 0
+
+    def insert_hashes(self, rid: RequestId, hashes: Sequence[ChunkHash], arrival: float | None = None) -> int:
+        if rid in self.hashes:
+            raise DuplicateRequest(rid)
+        if not hashes:
+            raise EmptyPrompt(rid)
+        self.hashes[rid] = list(hashes)
+        self.states[rid] = RequestState.WAITING
+        self.order[rid] = (float(self._seq) if arrival is None else float(arrival), self._seq)
+        self._seq += 1
+        return len(hashes)
+
+    def _move(self, rid: RequestId, src: RequestState, dst: RequestState | None) -> None:
+        if rid not in self.states:
+            raise UnknownRequest(rid)
+        if self.states[rid] is not src:
+            raise InvalidTransition(rid)
+        if dst is None:
+            del self.hashes[rid], self.states[rid], self.order[rid]
+        else:
+            self.states[rid] = dst
+
+    def activate(self, rid: RequestId) -> None:
+        self._move(rid, RequestState.WAITING, RequestState.ACTIVE)
+
+    def deactivate(self, rid: RequestId) -> None:
+        self._move(rid, RequestState.ACTIVE, RequestState.WAITING)
+
+    def finish(self, rid: RequestId) -> None:
+        self._move(rid, RequestState.ACTIVE, None)
+
+    def remove(self, rid: RequestId) -> None:
+        self._move(rid, RequestState.WAITING, None)
+
+    def ids(self, state: RequestState) -> list[RequestId]:
+        return [rid for rid, s in self.states.items() if s is state]
+
+    def working_set(self) -> set[ChunkHash]:
+        return {h for rid in self.ids(RequestState.ACTIVE) for h in self.hashes[rid]}
+
+    def num_missing(self, rid: RequestId) -> int:
+        working = self.working_set()
+        return sum(h not in working for h in self.hashes[rid])
+
+    def shared_depth(self) -> int:
+        active = [self.hashes[rid] for rid in self.ids(RequestState.ACTIVE)]
+        if not active:
+            return 0
+        depth = 0
+        while all(len(path) > depth for path in active) and len({path[depth] for path in active}) == 1:
+            depth += 1
+        return depth
+
+    def best(self) -> Candidate | None:
+        waiting = self.ids(RequestState.WAITING)
+        if not waiting:
+            return None
+        rid = min(waiting, key=lambda r: (self.num_missing(r), *self.order[r]))
+        return self.describe(rid)
+
+    def describe(self, rid: RequestId) -> Candidate:
+        path = self.hashes[rid]
+        active = [self.hashes[r] for r in self.ids(RequestState.ACTIVE)]
+        if not active:
+            before = after = len(path)
+        else:
+            before = self.shared_depth()
+            after = 0
+            while after < min(before, len(path)) and all(p[after] == path[after] for p in active):
+                after += 1
+        sharing = (
+            sum(1 for r in self.ids(RequestState.WAITING) if r != rid and self.hashes[r][:after] == path[:after])
+            if after
+            else 0
+        )
+        return Candidate(rid, len(path), self.num_missing(rid), before, after, sharing)
