@@ -1,0 +1,105 @@
+"""Seeded stress run: millions of random operations on the tree, checked against the reference model."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from dataclasses import dataclass
+
+from sglang_feather.cht.hashing import chunk_hashes
+from sglang_feather.cht.reference import ReferenceTree
+from sglang_feather.cht.tree import ChunkedHashTree, RequestState
+
+
+@dataclass(frozen=True)
+class StressResult:
+    num_ops: int
+    num_checks: int
+    seconds: float
+
+
+def run_stress(num_ops: int, seed: int = 0, check_every: int = 1000, max_requests: int = 300) -> StressResult:
+    """Random insert/activate/best/deactivate/finish/remove over shared-prefix groups; the tree's best(),
+    shared depth and counts are compared with the brute-force reference and all invariants are checked
+    every `check_every` operations (and at the end). Raises AssertionError on the first disagreement."""
+    rng = random.Random(seed)
+    chunk = 4
+    tree, ref = ChunkedHashTree(chunk_size=chunk), ReferenceTree()
+    groups = [[rng.randrange(50) for _ in range(rng.randrange(4, 40))] for _ in range(6)]
+    waiting: list[int] = []
+    active: list[int] = []
+    next_id = num_checks = 0
+    start = time.perf_counter()
+
+    def take(pool: list[int]) -> int:
+        i = rng.randrange(len(pool))
+        pool[i], pool[-1] = pool[-1], pool[i]
+        return pool.pop()
+
+    for op in range(num_ops):
+        roll = rng.random()
+        if roll < 0.30 and len(waiting) + len(active) < max_requests:
+            group = rng.choice(groups)
+            tokens = group[: rng.randrange(1, len(group) + 1)] + [rng.randrange(9) for _ in range(rng.randrange(6))]
+            hashes = chunk_hashes(tokens, chunk)
+            tree.insert_hashes(next_id, hashes)
+            ref.insert_hashes(next_id, hashes)
+            waiting.append(next_id)
+            next_id += 1
+        elif roll < 0.50 and waiting:
+            best = tree.best()
+            waiting.remove(best.request_id)
+            tree.activate(best.request_id)
+            ref.activate(best.request_id)
+            active.append(best.request_id)
+        elif roll < 0.55 and waiting:
+            rid = take(waiting)
+            tree.activate(rid)
+            ref.activate(rid)
+            active.append(rid)
+        elif roll < 0.75 and active:
+            rid = take(active)
+            tree.finish(rid)
+            ref.finish(rid)
+        elif roll < 0.85 and active:
+            rid = take(active)
+            tree.deactivate(rid)
+            ref.deactivate(rid)
+            waiting.append(rid)
+        elif roll < 0.92 and waiting:
+            rid = take(waiting)
+            tree.remove(rid)
+            ref.remove(rid)
+        else:
+            tree.best()
+        if (op + 1) % check_every == 0:
+            _compare(tree, ref)
+            num_checks += 1
+    _compare(tree, ref)
+    return StressResult(num_ops, num_checks + 1, time.perf_counter() - start)
+
+
+def _compare(tree: ChunkedHashTree, ref: ReferenceTree) -> None:
+    tree.check_invariants()
+    assert tree.best() == ref.best(), (tree.best(), ref.best())
+    assert tree.shared_depth == ref.shared_depth()
+    assert tree.num_waiting == len(ref.ids(RequestState.WAITING))
+    assert tree.num_active == len(ref.ids(RequestState.ACTIVE))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--ops", type=int, default=1_000_000, help="number of random operations")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--check-every", type=int, default=1000, help="compare with the reference this often")
+    args = parser.parse_args()
+    result = run_stress(args.ops, args.seed, args.check_every)
+    print(
+        f"stress ok: {result.num_ops:,} ops, {result.num_checks:,} reference comparisons + invariant checks, "
+        f"seed {args.seed}, {result.seconds:.1f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""The shared admission component: proposals, stopping, aging, lifecycle events and reward bookkeeping."""
+
+import pytest
+
+from sglang_feather.admission import Admission, AdmissionConfig, ConfigError, StopReason
+from sglang_feather.cht import InvalidTransition
+from sglang_feather.policy import Decision
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def make(stopper="always", **kw):
+    clock = FakeClock()
+    return Admission.from_config(AdmissionConfig(chunk_size=4, stopper=stopper, **kw), clock=clock), clock
+
+
+GROUP_A = [1] * 32
+GROUP_B = [2] * 32
+
+
+def test_select_admits_best_first_until_empty():
+    adm, _ = make()
+    adm.enqueue("b0", GROUP_B + [9])
+    adm.enqueue("a0", GROUP_A + [5])
+    adm.enqueue("a1", GROUP_A + [6])
+    plan = adm.select(batch_size=0)
+    assert plan.admitted == ("b0", "a0", "a1")
+    assert plan.stop is StopReason.EMPTY
+    assert adm.tree.num_active == 3
+
+
+def test_group_stays_together_after_first_pick():
+    adm, _ = make()
+    for i in range(3):
+        adm.enqueue(f"b{i}", GROUP_B + [i])
+        adm.enqueue(f"a{i}", GROUP_A + [i])
+    plan = adm.select(batch_size=0, max_requests=3)
+    assert plan.stop is StopReason.LIMIT
+    assert {rid[0] for rid in plan.admitted} == {"b"}, plan.admitted
+
+
+def test_static_stopper_stops_on_a_large_prefix_loss():
+    adm, _ = make("static")
+    adm.enqueue("a0", GROUP_A + [5])
+    adm.enqueue("b0", GROUP_B + [5])
+    plan = adm.select(batch_size=0)
+    assert plan == type(plan)(("a0",), StopReason.STOPPER)
+    assert adm.stats.num_stops == 1
+    assert adm.is_waiting("b0")
+
+
+def test_budget_refusal_leaves_request_waiting_and_learns_nothing():
+    adm, _ = make()
+    adm.enqueue("a0", GROUP_A)
+    plan = adm.select(batch_size=0, fits=lambda rid: False)
+    assert plan.stop is StopReason.BUDGET and plan.admitted == ()
+    assert adm.is_waiting("a0")
+    assert adm.end_window(100, 1.0) is None
+
+
+def test_aging_guard_admits_the_oldest_at_the_bound_not_before():
+    adm, clock = make("static", max_wait_s=10.0)
+    adm.enqueue("a0", GROUP_A + [0])
+    adm.select(0)
+    clock.now = 1.0
+    adm.enqueue("old", GROUP_B + [1])
+    clock.now = 2.0
+    adm.enqueue("a1", GROUP_A + [1])
+    clock.now = 10.99
+    proposal = adm.propose(batch_size=1)
+    assert not proposal.is_aged and proposal.request_id == "a1"
+    clock.now = 11.0
+    proposal = adm.propose(batch_size=1)
+    assert proposal.is_aged and proposal.request_id == "old" and proposal.decision is Decision.ADD
+    adm.accept(proposal)
+    assert adm.stats.num_aged == 1 and adm.is_active("old")
+
+
+def test_lifecycle_and_requeue_keep_arrival():
+    adm, clock = make()
+    adm.enqueue("r", [1, 2, 3])
+    clock.now = 3.0
+    adm.select(0)
+    adm.retract("r")
+    assert adm.is_waiting("r")
+    adm.requeue("r", [1, 2, 3, 4, 5, 6, 7])
+    assert adm.wait_s("r") == 3.0
+    assert adm.tree.num_chunks("r") == 2
+    adm.select(0)
+    adm.finish("r")
+    assert len(adm.tree) == 0
+    assert adm.abort("r") is False
+    adm.enqueue("x", [1])
+    with pytest.raises(InvalidTransition):
+        adm.finish("x")
+    assert adm.is_waiting("x")
+
+
+def test_reward_goes_to_every_decision_of_the_window():
+    adm, _ = make("ucb")
+    seen = []
+    adm.stopper.feedback = lambda records, throughput: seen.append((len(records), throughput)) or 0.5
+    for i in range(4):
+        adm.enqueue(i, GROUP_A + [i])
+    adm.select(0)
+    assert adm.end_window(num_tokens=200, elapsed_s=0.5) == 0.5
+    assert seen == [(4, 400.0)]
+    assert adm.end_window(num_tokens=200, elapsed_s=0.5) is None
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(chunk_size=0), dict(stopper="nope"), dict(max_wait_s=0), dict(max_wait_s=-1.0), dict(chunk_size=1.5)],
+)
+def test_bad_config_is_a_clear_error(kw):
+    with pytest.raises(ConfigError):
+        AdmissionConfig(**kw)
+
+
+def test_bad_stopper_option_is_a_config_error():
+    with pytest.raises(ConfigError, match="ucb"):
+        Admission.from_config(AdmissionConfig(stopper="ucb", stopper_options={"no_such_option": 1}))
+
+
+def test_state_persists_across_instances(tmp_path):
+    path = str(tmp_path / "feather.json")
+    adm, _ = make("ucb", state_path=path)
+    for i in range(6):
+        adm.enqueue(i, GROUP_A + [i])
+    adm.select(0)
+    adm.end_window(300, 1.0)
+    adm.save_state()
+    again, _ = make("ucb", state_path=path)
+    assert again.stopper.state_dict() == adm.stopper.state_dict()
