@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 # seconds)`: the window's decode throughput, normalised, is the reward for all of them. Request lifecycle
 # events (`finish`, `abort`, `retract`, `requeue`) keep the CHT equal to the engine's own queues.
 
+
 class ConfigError(ValueError):
     """A Feather option is invalid; the message names the option and the accepted values."""
 
@@ -98,6 +99,7 @@ class AdmissionStats:
     num_admitted: int = 0
     num_aged: int = 0
     num_stops: int = 0
+    num_withdrawn: int = 0
     num_windows: int = 0
     sum_delta: int = 0
     last_reward: float | None = None
@@ -148,9 +150,14 @@ class Admission:
         *,
         hashes: Sequence[ChunkHash] | None = None,
         namespace: str | None = None,
+        arrival: float | None = None,
     ) -> int:
-        """A request starts waiting (give token ids, or the engine's own cumulative hashes); returns chunks."""
-        return self._insert(request_id, token_ids, hashes, namespace, self.clock())
+        """A request starts waiting (give token ids, or the engine's own cumulative hashes); returns chunks.
+
+        `arrival` (on this admission's clock) defaults to now; pass the original time when re-enqueueing."""
+        return self._insert(
+            request_id, token_ids, hashes, namespace, self.clock() if arrival is None else arrival
+        )
 
     def requeue(
         self,
@@ -175,6 +182,11 @@ class Admission:
             num_chunks = self.tree.insert_hashes(request_id, hashes, arrival=arrival)
         self._arrivals[request_id] = arrival
         return num_chunks
+
+    def activate(self, request_id: RequestId) -> None:
+        """The engine put a waiting request into the batch without a proposal (e.g. found it running while
+        reconciling); no decision is recorded."""
+        self.tree.activate(request_id)
 
     def retract(self, request_id: RequestId) -> None:
         """A running request is pushed back to waiting (KV exhausted, preemption)."""
@@ -201,8 +213,14 @@ class Admission:
         if begin is not None:
             begin()
 
-    def propose(self, batch_size: int) -> Proposal | None:
-        """The next request to admit and the stopper's verdict; None when nothing waits."""
+    def propose(self, batch_size: int, request_id: RequestId | None = None) -> Proposal | None:
+        """The next request to admit and the stopper's verdict; None when nothing waits.
+
+        Engines that walk their own sorted queue name the request they are at (`request_id`); it is still
+        admitted regardless of the stopper once it has waited past the aging bound."""
+        if request_id is not None:
+            aged = self.guard.is_starved(self.wait_s(request_id))
+            return self._proposal(self.tree.candidate(request_id), batch_size, is_aged=aged)
         oldest = self.tree.oldest()
         if oldest is None:
             return None
@@ -237,6 +255,10 @@ class Admission:
         self.stats.num_stops += 1
         self._records.append(DecisionRecord(proposal.observation, Decision.STOP))
 
+    def withdraw(self, proposal: Proposal) -> None:
+        """The engine's own budget refused a request the stopper would have added: nothing is learned."""
+        self.stats.num_withdrawn += 1
+
     def select(
         self,
         batch_size: int,
@@ -256,6 +278,7 @@ class Admission:
                 self.decline(proposal)
                 return AdmissionPlan(tuple(admitted), StopReason.STOPPER)
             if fits is not None and not fits(proposal.request_id):
+                self.withdraw(proposal)
                 return AdmissionPlan(tuple(admitted), StopReason.BUDGET)
             self.accept(proposal)
             admitted.append(proposal.request_id)

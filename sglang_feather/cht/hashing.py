@@ -31,7 +31,9 @@ def token_bytes(token_ids: Sequence[int] | array | np.ndarray) -> bytes:
     if isinstance(token_ids, np.ndarray | array):
         ids = np.asarray(token_ids)
         if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-            raise InvalidTokens(f"token ids must be a 1-D integer sequence, got {ids.dtype} of shape {ids.shape}")
+            raise InvalidTokens(
+                f"token ids must be a 1-D integer sequence, got {ids.dtype} of shape {ids.shape}"
+            )
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= _MAX_TOKEN):
             raise InvalidTokens("token ids must lie in [0, 2**32)")
         return ids.astype("<u4", copy=False).tobytes()

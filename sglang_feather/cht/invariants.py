@@ -30,8 +30,12 @@ def check_tree(tree: ChunkedHashTree) -> None:
         _require((rid in tree._active) == (req.state is RequestState.ACTIVE), f"active map wrong for {rid!r}")
         parent = tree._root
         for depth, node in enumerate(req.path, start=1):
-            _require(node.is_alive and tree._nodes.get(node.hash) is node, f"dead/unregistered node in {rid!r}")
-            _require(node.parent is parent and node.depth == depth, f"broken chain in {rid!r} at depth {depth}")
+            _require(
+                node.is_alive and tree._nodes.get(node.hash) is node, f"dead/unregistered node in {rid!r}"
+            )
+            _require(
+                node.parent is parent and node.depth == depth, f"broken chain in {rid!r} at depth {depth}"
+            )
             (num_active if req.state is RequestState.ACTIVE else num_waiting)[id(node)] += 1
             parent = node
     _require(len(tree._active) <= len(tree._requests), "more active than requests")

@@ -88,7 +88,11 @@ class ReferenceTree:
             while after < min(before, len(path)) and all(p[after] == path[after] for p in active):
                 after += 1
         sharing = (
-            sum(1 for r in self.ids(RequestState.WAITING) if r != rid and self.hashes[r][:after] == path[:after])
+            sum(
+                1
+                for r in self.ids(RequestState.WAITING)
+                if r != rid and self.hashes[r][:after] == path[:after]
+            )
             if after
             else 0
         )

@@ -41,7 +41,9 @@ def run_stress(num_ops: int, seed: int = 0, check_every: int = 1000, max_request
         roll = rng.random()
         if roll < 0.30 and len(waiting) + len(active) < max_requests:
             group = rng.choice(groups)
-            tokens = group[: rng.randrange(1, len(group) + 1)] + [rng.randrange(9) for _ in range(rng.randrange(6))]
+            tokens = group[: rng.randrange(1, len(group) + 1)] + [
+                rng.randrange(9) for _ in range(rng.randrange(6))
+            ]
             hashes = chunk_hashes(tokens, chunk)
             tree.insert_hashes(next_id, hashes)
             ref.insert_hashes(next_id, hashes)

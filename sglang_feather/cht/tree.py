@@ -201,7 +201,9 @@ class ChunkedHashTree:
         """Add a waiting request; returns its number of chunks."""
         if request_id in self._requests:
             raise DuplicateRequest(f"request {request_id!r} is already in the tree")
-        return self.insert_hashes(request_id, chunk_hashes(token_ids, self.chunk_size, namespace), arrival=arrival)
+        return self.insert_hashes(
+            request_id, chunk_hashes(token_ids, self.chunk_size, namespace), arrival=arrival
+        )
 
     def insert_hashes(
         self, request_id: RequestId, hashes: Sequence[ChunkHash], *, arrival: float | None = None
@@ -320,7 +322,9 @@ class ChunkedHashTree:
             path.reverse()
         fresh = hashes[lo:]
         if len(set(fresh)) != len(fresh) or any(h in nodes for h in fresh):
-            raise HashChainError("a hash repeats or skips a level within one request: hashes are not cumulative")
+            raise HashChainError(
+                "a hash repeats or skips a level within one request: hashes are not cumulative"
+            )
         parent = path[-1] if path else self._root
         for depth, chunk_hash in enumerate(fresh, start=lo + 1):
             parent = nodes[chunk_hash] = _Node(chunk_hash, parent, depth)
@@ -436,7 +440,12 @@ class ChunkedHashTree:
                 if item.__class__ is _Request:
                     if item.state is _WAITING:
                         break
-                elif item.is_alive and item.num_active == 0 and item.best is not None and item.best[:3] == entry[:3]:
+                elif (
+                    item.is_alive
+                    and item.num_active == 0
+                    and item.best is not None
+                    and item.best[:3] == entry[:3]
+                ):
                     if item.best[3].state is _WAITING:
                         break
                     blocked = item
@@ -518,7 +527,12 @@ def _compacted(heap: list[tuple]) -> list[tuple]:
         if item.__class__ is _Request:
             alive = item.state is _WAITING
         else:
-            alive = item.is_alive and item.num_active == 0 and item.best is not None and item.best[:3] == entry[:3]
+            alive = (
+                item.is_alive
+                and item.num_active == 0
+                and item.best is not None
+                and item.best[:3] == entry[:3]
+            )
         if alive and (id(item) not in kept or entry < kept[id(item)]):
             kept[id(item)] = entry
     compacted = list(kept.values())

@@ -10,9 +10,9 @@ from sglang_feather.cht.tree import RequestState
 
 CHUNK = 2
 # Few distinct prefixes over a tiny alphabet, so requests share, nest and collide in every possible way.
-prompts = st.lists(st.integers(0, 2), min_size=1, max_size=12).map(lambda tail: [7, 7, 1, 1] * 2 + tail) | st.lists(
-    st.integers(0, 3), min_size=1, max_size=9
-)
+prompts = st.lists(st.integers(0, 2), min_size=1, max_size=12).map(
+    lambda tail: [7, 7, 1, 1] * 2 + tail
+) | st.lists(st.integers(0, 3), min_size=1, max_size=9)
 
 
 class TreeVsReference(RuleBasedStateMachine):

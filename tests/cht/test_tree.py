@@ -56,7 +56,9 @@ class TestHashing:
     def test_little_endian_4_byte_layout(self):
         import xxhash
 
-        assert chunk_hashes([1, 258], 2) == [xxhash.xxh64_intdigest(b"\x01\x00\x00\x00\x02\x01\x00\x00", seed=0)]
+        assert chunk_hashes([1, 258], 2) == [
+            xxhash.xxh64_intdigest(b"\x01\x00\x00\x00\x02\x01\x00\x00", seed=0)
+        ]
 
     def test_namespaces_never_share(self):
         ids = list(range(200))

@@ -116,7 +116,13 @@ def test_reward_goes_to_every_decision_of_the_window():
 
 @pytest.mark.parametrize(
     "kw",
-    [dict(chunk_size=0), dict(stopper="nope"), dict(max_wait_s=0), dict(max_wait_s=-1.0), dict(chunk_size=1.5)],
+    [
+        dict(chunk_size=0),
+        dict(stopper="nope"),
+        dict(max_wait_s=0),
+        dict(max_wait_s=-1.0),
+        dict(chunk_size=1.5),
+    ],
 )
 def test_bad_config_is_a_clear_error(kw):
     with pytest.raises(ConfigError):
