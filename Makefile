@@ -8,7 +8,7 @@ MODEL      ?= models/tiny-llama
 STRESS_OPS ?= 1000000
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-sglang setup-vllm model test test-core test-vllm lint bench stress demo sim clean
+.PHONY: setup setup-sglang setup-vllm model test test-core test-vllm lint bench stress demo sim policy-figures clean
 
 setup: setup-sglang setup-vllm model
 
@@ -51,6 +51,9 @@ demo: setup
 
 sim: setup-sglang
 	$(PY) -m sglang_feather.sim --help
+
+policy-figures: setup-sglang
+	$(PY) -m sglang_feather.policy.convergence --out docs/policy_convergence.png
 
 clean:
 	rm -rf results .pytest_cache .ruff_cache .hypothesis

@@ -209,9 +209,7 @@ class Admission:
 
     def begin_pass(self) -> None:
         """A new scheduling pass starts (stoppers with per-pass state reset it)."""
-        begin = getattr(self.stopper, "begin_pass", None)
-        if begin is not None:
-            begin()
+        self.stopper.begin_pass()
 
     def propose(self, batch_size: int, request_id: RequestId | None = None) -> Proposal | None:
         """The next request to admit and the stopper's verdict; None when nothing waits.
@@ -287,8 +285,9 @@ class Admission:
 
     def end_window(self, num_tokens: int, elapsed_s: float) -> float | None:
         """Close a batch window: its decode throughput becomes the reward of the decisions made since the last
-        window. Returns the normalised reward, or None when there was nothing to learn from."""
-        if elapsed_s <= 0 or num_tokens <= 0 or not self._records:
+        window (a window without decisions still updates the reward's normalisation). Returns the normalised
+        reward, or None for an empty window (no tokens or no time)."""
+        if elapsed_s <= 0 or num_tokens <= 0:
             return None
         records, self._records = self._records, []
         reward = self.stopper.feedback(records, num_tokens / elapsed_s)

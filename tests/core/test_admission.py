@@ -61,7 +61,7 @@ def test_budget_refusal_leaves_request_waiting_and_learns_nothing():
     plan = adm.select(batch_size=0, fits=lambda rid: False)
     assert plan.stop is StopReason.BUDGET and plan.admitted == ()
     assert adm.is_waiting("a0")
-    assert adm.end_window(100, 1.0) is None
+    assert adm.stats.num_withdrawn == 1
 
 
 def test_aging_guard_admits_the_oldest_at_the_bound_not_before():
@@ -111,7 +111,9 @@ def test_reward_goes_to_every_decision_of_the_window():
     adm.select(0)
     assert adm.end_window(num_tokens=200, elapsed_s=0.5) == 0.5
     assert seen == [(4, 400.0)]
-    assert adm.end_window(num_tokens=200, elapsed_s=0.5) is None
+    adm.end_window(num_tokens=100, elapsed_s=0.5)
+    assert seen[-1] == (0, 200.0), "a window without decisions still reaches the normaliser"
+    assert adm.end_window(num_tokens=0, elapsed_s=0.5) is None and len(seen) == 2
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,30 @@
+"""Stopping policies: decide whether a growing batch takes one more request, and learn from throughput."""
+
+from sglang_feather.policy.aging import DEFAULT_MAX_WAIT_S, AgingGuard
+from sglang_feather.policy.base import (
+    Decision,
+    DecisionRecord,
+    Observation,
+    PolicyBase,
+    StoppingPolicy,
+    load_policy,
+    save_policy,
+)
+from sglang_feather.policy.registry import POLICIES, make_policy, policy_names
+from sglang_feather.policy.reward import RewardNormalizer
+
+__all__ = [
+    "DEFAULT_MAX_WAIT_S",
+    "POLICIES",
+    "AgingGuard",
+    "Decision",
+    "DecisionRecord",
+    "Observation",
+    "PolicyBase",
+    "RewardNormalizer",
+    "StoppingPolicy",
+    "load_policy",
+    "make_policy",
+    "policy_names",
+    "save_policy",
+]

@@ -1,0 +1,12 @@
+"""`always`: never stop (plain greedy admission by CHT order), the baseline."""
+
+from __future__ import annotations
+
+from sglang_feather.policy.base import Decision, Observation, PolicyBase
+
+
+class AlwaysPolicy(PolicyBase):
+    name = "always"
+
+    def decide(self, obs: Observation) -> Decision:
+        return Decision.ADD

@@ -1,0 +1,49 @@
+"""Stopping policies by name: `make_policy("ucb", seed=0, exploration=0.5)`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any
+
+from sglang_feather.policy.always import AlwaysPolicy
+from sglang_feather.policy.base import StoppingPolicy
+from sglang_feather.policy.qlearn import QLearnConfig, QLearnPolicy
+from sglang_feather.policy.static import StaticConfig, StaticPolicy
+from sglang_feather.policy.ucb import UCBConfig, UCBPolicy
+
+PolicyFactory = Callable[..., StoppingPolicy]
+"""factory(seed, **options) -> a fresh policy."""
+
+POLICIES: dict[str, PolicyFactory] = {
+    "always": lambda seed: AlwaysPolicy(),
+    "static": lambda seed, **options: StaticPolicy(StaticConfig(**options)),
+    "ucb": lambda seed, **options: UCBPolicy(UCBConfig(**options)),
+    "qlearn": lambda seed, **options: QLearnPolicy(QLearnConfig(**options), seed=seed),
+}
+
+OPTIONS: dict[str, tuple[str, ...]] = {
+    "always": (),
+    "static": tuple(f.name for f in fields(StaticConfig)),
+    "ucb": tuple(f.name for f in fields(UCBConfig)),
+    "qlearn": tuple(f.name for f in fields(QLearnConfig)),
+}
+
+
+def policy_names() -> list[str]:
+    return sorted(POLICIES)
+
+
+def make_policy(name: str, *, seed: int = 0, **options: Any) -> StoppingPolicy:
+    """A fresh policy; ValueError naming the valid choices for an unknown name or option."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown stopping policy {name!r}; valid names: {', '.join(policy_names())}")
+    if type(seed) is not int:
+        raise ValueError(f"seed must be an int, got {seed!r}")
+    unknown = sorted(set(options) - set(OPTIONS[name]))
+    if unknown:
+        valid = ", ".join(OPTIONS[name]) or "none"
+        raise ValueError(
+            f"unknown option(s) {', '.join(unknown)} for policy {name!r}; valid options: {valid}"
+        )
+    return POLICIES[name](seed, **options)

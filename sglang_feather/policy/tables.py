@@ -1,0 +1,37 @@
+"""Per-context two-arm tables (ADD, STOP) and their JSON form."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sglang_feather.policy.base import Decision
+from sglang_feather.policy.context import Context, parse_context
+
+ARMS = (Decision.ADD, Decision.STOP)
+ARM_INDEX = {Decision.ADD: 0, Decision.STOP: 1}
+
+
+def dump_table(table: dict[Context, list[float]]) -> list[list[Any]]:
+    """[[batch_bucket, delta, sharing_bucket, value_add, value_stop], ...] sorted by context."""
+    return [[*ctx, *values] for ctx, values in sorted(table.items())]
+
+
+def load_table(rows: object, *, integral: bool) -> dict[Context, list[float]]:
+    """Inverse of `dump_table`; ValueError on anything malformed (never a partial table)."""
+    if not isinstance(rows, list):
+        raise ValueError(f"a table must be a list of rows, got {type(rows).__name__}")
+    table: dict[Context, list[float]] = {}
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 5):
+            raise ValueError(f"a table row must be [b, delta, w, add, stop], got {row!r}")
+        ctx = parse_context(row[:3])
+        values = row[3:]
+        for v in values:
+            ok = type(v) is int and v >= 0 if integral else isinstance(v, int | float) and math.isfinite(v)
+            if not ok:
+                raise ValueError(f"bad table value {v!r} in row {row!r}")
+        if ctx in table:
+            raise ValueError(f"duplicate context {list(ctx)} in table")
+        table[ctx] = [v if integral else float(v) for v in values]
+    return table

@@ -1,0 +1,70 @@
+import math
+
+import pytest
+
+from sglang_feather.policy import DEFAULT_MAX_WAIT_S, AgingGuard, RewardNormalizer
+
+
+def test_aging_guard_fires_at_the_bound_and_not_before():
+    guard = AgingGuard(30.0)
+    assert not guard.is_starved(0.0)
+    assert not guard.is_starved(math.nextafter(30.0, 0.0))
+    assert guard.is_starved(30.0)
+    assert guard.is_starved(1e9)
+
+
+def test_aging_guard_default_and_off():
+    assert AgingGuard().max_wait_s == DEFAULT_MAX_WAIT_S == 300.0
+    off = AgingGuard(None)
+    assert not off.enabled
+    assert not off.is_starved(1e12)
+
+
+@pytest.mark.parametrize("bound", [0.0, -1.0, math.inf, math.nan, "60"])
+def test_aging_guard_rejects_bad_bounds(bound):
+    with pytest.raises(ValueError, match="max_wait_s"):
+        AgingGuard(bound)
+
+
+def test_aging_guard_rejects_nan_wait():
+    with pytest.raises(ValueError, match="NaN"):
+        AgingGuard(5.0).is_starved(math.nan)
+
+
+def test_normalizer_divides_by_the_running_peak():
+    norm = RewardNormalizer(decay=1.0)
+    assert norm.update(2000.0) == 1.0
+    assert norm.update(1000.0) == 0.5
+    assert norm.update(4000.0) == 1.0
+    assert norm.update(1000.0) == 0.25
+    assert norm.num_windows == 4
+
+
+def test_normalizer_is_scale_free():
+    fast, slow = RewardNormalizer(), RewardNormalizer()
+    series = [3.0, 5.0, 4.0, 1.0, 5.5, 2.0]
+    assert [fast.update(20_000 * x) for x in series] == pytest.approx([slow.update(300 * x) for x in series])
+
+
+def test_normalizer_peak_decays_so_a_slower_machine_recovers():
+    norm = RewardNormalizer(decay=0.5)
+    norm.update(1000.0)
+    rewards = [norm.update(100.0) for _ in range(6)]
+    assert rewards[0] == pytest.approx(0.2)
+    assert rewards[-1] == 1.0
+    assert all(0.0 <= r <= 1.0 for r in rewards)
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf, "10"])
+def test_normalizer_rejects_bad_throughput_without_changing_state(bad):
+    norm = RewardNormalizer()
+    norm.update(10.0)
+    with pytest.raises(ValueError, match="throughput"):
+        norm.update(bad)
+    assert norm.state_dict() == {"peak": 10.0, "num_windows": 1}
+
+
+def test_normalizer_zero_throughput():
+    norm = RewardNormalizer()
+    assert norm.update(0.0) == 0.0
+    assert norm.update(50.0) == 1.0
