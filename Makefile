@@ -8,7 +8,7 @@ MODEL      ?= models/tiny-llama
 STRESS_OPS ?= 1000000
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-sglang setup-vllm model test test-core test-vllm lint bench stress demo sim policy-figures clean
+.PHONY: setup setup-sglang setup-vllm model test test-core test-vllm lint bench stress demo sim policy-figures kernels-smoke clean
 
 setup: setup-sglang setup-vllm model
 
@@ -54,6 +54,9 @@ sim: setup-sglang
 
 policy-figures: setup-sglang
 	$(PY) -m sglang_feather.policy.convergence --out docs/policy_convergence.png
+
+kernels-smoke: setup-sglang
+	$(PY) -m kernels_bench.decode_locality --device cpu --tiny --out results/kernels_tiny.json
 
 clean:
 	rm -rf results .pytest_cache .ruff_cache .hypothesis

@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 # events (`finish`, `abort`, `retract`, `requeue`) keep the CHT equal to the engine's own queues.
 
 
+DEFAULT_STOPPER = "ucb"
+"""The learning bandit: it converges to the optimal stop rule on the synthetic benchmarks (docs/policy.md)."""
+
+
 class ConfigError(ValueError):
     """A Feather option is invalid; the message names the option and the accepted values."""
 
@@ -42,7 +46,7 @@ class ConfigError(ValueError):
 class AdmissionConfig:
     chunk_size: int = DEFAULT_CHUNK_SIZE
     """Tokens per CHT chunk (an adapter may force it to the engine's block size)."""
-    stopper: str = "static"
+    stopper: str = DEFAULT_STOPPER
     """Name of a registered stopping policy (`sglang_feather.policy.policy_names()`)."""
     stopper_options: Mapping[str, Any] = field(default_factory=dict)
     """Keyword options for the stopper's factory."""

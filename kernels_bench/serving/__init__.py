@@ -1,0 +1,1 @@
+"""End-to-end serving benchmark: SGLang with fcfs / lpm / dfs-weight / feather on the paper's shared-prefix workloads."""
