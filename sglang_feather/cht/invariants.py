@@ -20,7 +20,7 @@ def _require(condition: bool, message: str) -> None:
 
 def check_tree(tree: ChunkedHashTree) -> None:
     """Counts, paths, node registry, shared prefix, and the lower-bound property of every lazy heap entry."""
-    from sglang_feather.cht.tree import RequestState, _Request
+    from sglang_feather.cht.nodes import RequestState
 
     num_active: Counter = Counter()
     num_waiting: Counter = Counter()
@@ -44,7 +44,7 @@ def check_tree(tree: ChunkedHashTree) -> None:
         _require(node.num_waiting == num_waiting[id(node)], f"num_waiting wrong at depth {node.depth}")
         _require(node.num_active + node.num_waiting > 0, f"unreferenced node kept at depth {node.depth}")
     _check_shared(tree)
-    _check_lower_bounds(tree, _Request)
+    _check_lower_bounds(tree)
 
 
 def _check_shared(tree: ChunkedHashTree) -> None:
@@ -58,8 +58,10 @@ def _check_shared(tree: ChunkedHashTree) -> None:
     _require(tree.shared_depth == depth, f"shared depth {tree.shared_depth}, recount says {depth}")
 
 
-def _check_lower_bounds(tree: ChunkedHashTree, request_cls: type) -> None:
+def _check_lower_bounds(tree: ChunkedHashTree) -> None:
     """Every waiting request is findable: each hop toward the global heap carries a key <= its own."""
+    from sglang_feather.cht.nodes import RequestState
+
     smallest: dict[tuple[int, int], tuple] = {}
     for node in [tree._root, *tree._nodes.values()]:
         for entry in node.candidates:
@@ -72,7 +74,7 @@ def _check_lower_bounds(tree: ChunkedHashTree, request_cls: type) -> None:
         if id(node) not in global_min or entry[:3] < global_min[id(node)]:
             global_min[id(node)] = entry[:3]
     for req in tree._requests.values():
-        if req.state is not tree_state_waiting(request_cls):
+        if req.state is not RequestState.WAITING:
             continue
         key = req.key
         leaf = req.path[-1]
@@ -88,9 +90,3 @@ def _check_lower_bounds(tree: ChunkedHashTree, request_cls: type) -> None:
             bound is not None and bound <= (key[0] - node.depth, *key[1:]),
             f"no global entry bounds {req.id!r} (working-set node at depth {node.depth})",
         )
-
-
-def tree_state_waiting(request_cls: type):
-    from sglang_feather.cht.tree import RequestState
-
-    return RequestState.WAITING

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sglang_feather.cht.errors import DuplicateRequest, EmptyPrompt, InvalidTransition, UnknownRequest
-from sglang_feather.cht.tree import Candidate, RequestState
+from sglang_feather.cht.nodes import RequestState
+from sglang_feather.cht.tree import Candidate
 from sglang_feather.types import ChunkHash, RequestId
 
 

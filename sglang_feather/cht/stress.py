@@ -8,8 +8,9 @@ import time
 from dataclasses import dataclass
 
 from sglang_feather.cht.hashing import chunk_hashes
+from sglang_feather.cht.nodes import RequestState
 from sglang_feather.cht.reference import ReferenceTree
-from sglang_feather.cht.tree import ChunkedHashTree, RequestState
+from sglang_feather.cht.tree import ChunkedHashTree
 
 
 @dataclass(frozen=True)

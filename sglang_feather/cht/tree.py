@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import heapq
 import itertools
 from array import array
@@ -19,6 +18,15 @@ from sglang_feather.cht.errors import (
     UnknownRequest,
 )
 from sglang_feather.cht.hashing import DEFAULT_CHUNK_SIZE, chunk_hashes
+from sglang_feather.cht.nodes import (
+    COMPACT_MIN,
+    PrefixNode,
+    RequestState,
+    TrackedRequest,
+    best_of,
+    compacted,
+    compacted_global,
+)
 from sglang_feather.types import ChunkHash, RequestId
 
 # How it works.
@@ -40,11 +48,6 @@ from sglang_feather.types import ChunkHash, RequestId
 # binary search along one path, since `num_active` never grows with depth along a path.
 
 
-class RequestState(enum.Enum):
-    WAITING = "waiting"
-    ACTIVE = "active"
-
-
 @dataclass(frozen=True)
 class Candidate:
     """The best waiting request and what admitting it would do to the batch's shared prefix (in chunks)."""
@@ -63,35 +66,6 @@ class Candidate:
         return self.depth_before - self.depth_after
 
 
-class _Node:
-    __slots__ = ("hash", "parent", "depth", "num_active", "num_waiting", "candidates", "best", "is_alive")
-
-    def __init__(self, chunk_hash: ChunkHash | None, parent: _Node | None, depth: int):
-        self.hash = chunk_hash
-        self.parent = parent
-        self.depth = depth
-        self.num_active = 0
-        self.num_waiting = 0
-        self.candidates: list[tuple] = []
-        self.best: tuple | None = None
-        self.is_alive = True
-
-
-class _Request:
-    __slots__ = ("id", "path", "arrival", "seq", "state")
-
-    def __init__(self, request_id: RequestId, path: list[_Node], arrival: float, seq: int):
-        self.id = request_id
-        self.path = path
-        self.arrival = arrival
-        self.seq = seq
-        self.state = RequestState.WAITING
-
-    @property
-    def key(self) -> tuple[int, float, int]:
-        return (len(self.path), self.arrival, self.seq)
-
-
 _WAITING = RequestState.WAITING
 _ACTIVE = RequestState.ACTIVE
 
@@ -108,13 +82,13 @@ class ChunkedHashTree:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.chunk_size = chunk_size
-        self._root = _Node(None, None, 0)
-        self._nodes: dict[ChunkHash, _Node] = {}
-        self._requests: dict[RequestId, _Request] = {}
-        self._active: dict[RequestId, _Request] = {}
+        self._root = PrefixNode(None, None, 0)
+        self._nodes: dict[ChunkHash, PrefixNode] = {}
+        self._requests: dict[RequestId, TrackedRequest] = {}
+        self._active: dict[RequestId, TrackedRequest] = {}
         self._global: list[tuple] = []
         self._by_arrival: list[tuple] = []
-        self._shared: _Node | None = None
+        self._shared: PrefixNode | None = None
         self._seq = itertools.count()
         self._push_id = itertools.count()
         self._best_cache: Candidate | None = None
@@ -215,7 +189,7 @@ class ChunkedHashTree:
             raise EmptyPrompt(f"request {request_id!r} has no chunks")
         path = self._build_path(hashes)
         seq = next(self._seq)
-        req = _Request(request_id, path, float(seq) if arrival is None else float(arrival), seq)
+        req = TrackedRequest(request_id, path, float(seq) if arrival is None else float(arrival), seq)
         self._requests[request_id] = req
         for node in path:
             node.num_waiting += 1
@@ -286,19 +260,19 @@ class ChunkedHashTree:
 
     # ----------------------------------------------------------------- internals: paths and counts
 
-    def _get(self, request_id: RequestId) -> _Request:
+    def _get(self, request_id: RequestId) -> TrackedRequest:
         req = self._requests.get(request_id)
         if req is None:
             raise UnknownRequest(f"request {request_id!r} is not in the tree")
         return req
 
-    def _expect(self, request_id: RequestId, state: RequestState) -> _Request:
+    def _expect(self, request_id: RequestId, state: RequestState) -> TrackedRequest:
         req = self._get(request_id)
         if req.state is not state:
             raise InvalidTransition(f"request {request_id!r} is {req.state.value}, expected {state.value}")
         return req
 
-    def _build_path(self, hashes: Sequence[ChunkHash]) -> list[_Node]:
+    def _build_path(self, hashes: Sequence[ChunkHash]) -> list[PrefixNode]:
         """The nodes for `hashes`, creating the missing suffix; existing nodes form a prefix of any path."""
         nodes = self._nodes
         lo, hi = 0, len(hashes)
@@ -308,7 +282,7 @@ class ChunkedHashTree:
                 lo = mid
             else:
                 hi = mid - 1
-        path: list[_Node] = []
+        path: list[PrefixNode] = []
         if lo:
             node = nodes[hashes[lo - 1]]
             if node.depth != lo:
@@ -327,11 +301,11 @@ class ChunkedHashTree:
             )
         parent = path[-1] if path else self._root
         for depth, chunk_hash in enumerate(fresh, start=lo + 1):
-            parent = nodes[chunk_hash] = _Node(chunk_hash, parent, depth)
+            parent = nodes[chunk_hash] = PrefixNode(chunk_hash, parent, depth)
             path.append(parent)
         return path
 
-    def _release_nodes(self, path: list[_Node]) -> None:
+    def _release_nodes(self, path: list[PrefixNode]) -> None:
         for node in reversed(path):
             if node.num_active or node.num_waiting:
                 break
@@ -341,7 +315,7 @@ class ChunkedHashTree:
             del self._nodes[node.hash]
 
     @staticmethod
-    def _last_depth(path: list[_Node], limit: int, threshold: int) -> int:
+    def _last_depth(path: list[PrefixNode], limit: int, threshold: int) -> int:
         """Largest d <= limit with path[d-1].num_active >= threshold (0 if none); `num_active` falls with depth."""
         lo, hi = 0, limit
         while lo < hi:
@@ -352,7 +326,7 @@ class ChunkedHashTree:
                 hi = mid - 1
         return lo
 
-    def _update_shared_after_activate(self, req: _Request) -> None:
+    def _update_shared_after_activate(self, req: TrackedRequest) -> None:
         if len(self._active) == 1:
             self._shared = req.path[-1]
             return
@@ -367,7 +341,7 @@ class ChunkedHashTree:
         depth = self._last_depth(path, len(path), len(self._active))
         self._shared = path[depth - 1] if depth else self._root
 
-    def _leave_working_set(self, req: _Request) -> None:
+    def _leave_working_set(self, req: TrackedRequest) -> None:
         """Drop a running request's references; nodes that leave the working set re-offer their waiting subtree."""
         del self._active[req.id]
         left = []
@@ -385,13 +359,13 @@ class ChunkedHashTree:
 
     # ----------------------------------------------------------------- internals: the lazy heaps
 
-    def _push(self, node: _Node, key: tuple, item: _Node | _Request) -> None:
+    def _push(self, node: PrefixNode, key: tuple, item: PrefixNode | TrackedRequest) -> None:
         heap = node.candidates
         heapq.heappush(heap, (*key, next(self._push_id), item))
-        if len(heap) > _COMPACT_MIN and len(heap) > 4 * (node.num_waiting + node.num_active) + _COMPACT_MIN:
-            node.candidates = _compacted(heap)
+        if len(heap) > COMPACT_MIN and len(heap) > 4 * (node.num_waiting + node.num_active) + COMPACT_MIN:
+            node.candidates = compacted(heap)
 
-    def _offer(self, req: _Request) -> None:
+    def _offer(self, req: TrackedRequest) -> None:
         """Publish a new waiting request: terminal entry at its leaf, then cached bests up to the working set.
 
         A cached `best` (even one whose request has left) is a lower bound of its subtree's true minimum, so the
@@ -409,21 +383,21 @@ class ChunkedHashTree:
             node = node.parent
         self._push_global(node)
 
-    def _reoffer(self, node: _Node) -> None:
+    def _reoffer(self, node: PrefixNode) -> None:
         """`node` (in the working set, or the root) gained candidates: give it a fresh global entry."""
         if node.parent is None or node.num_active > 0:
             self._push_global(node)
 
-    def _push_global(self, node: _Node) -> None:
+    def _push_global(self, node: PrefixNode) -> None:
         top = self._settle(node)
         if top is None:
             return
         heap = self._global
         heapq.heappush(heap, (top[0] - node.depth, top[1], top[2], next(self._push_id), node))
-        if len(heap) > 2 * (len(self._nodes) + 1) + _COMPACT_MIN:
-            self._global = _compacted_global(heap)
+        if len(heap) > 2 * (len(self._nodes) + 1) + COMPACT_MIN:
+            self._global = compacted_global(heap)
 
-    def _settle(self, node: _Node) -> tuple | None:
+    def _settle(self, node: PrefixNode) -> tuple | None:
         """Drop stale entries from the top of `node.candidates`; the valid top entry, or None.
 
         A child entry whose cached best has left is re-keyed by recomputing that child first; the
@@ -437,7 +411,7 @@ class ChunkedHashTree:
             while heap:
                 entry = heap[0]
                 item = entry[4]
-                if item.__class__ is _Request:
+                if item.__class__ is TrackedRequest:
                     if item.state is _WAITING:
                         break
                 elif (
@@ -459,16 +433,16 @@ class ChunkedHashTree:
             top = heap[0] if heap else None
             if not stack:
                 return top
-            current.best = _best_of(top)
+            current.best = best_of(top)
             if current.best is not None:
                 self._push(stack[-1], current.best[:3], current)
 
-    def _refresh(self, node: _Node) -> tuple | None:
+    def _refresh(self, node: PrefixNode) -> tuple | None:
         """Recompute `node.best` from its candidates."""
-        node.best = _best_of(self._settle(node))
+        node.best = best_of(self._settle(node))
         return node.best
 
-    def _pop_best(self) -> _Request | None:
+    def _pop_best(self) -> TrackedRequest | None:
         heap = self._global
         while heap:
             missing, arrival, seq, _, node = heap[0]
@@ -483,10 +457,10 @@ class ChunkedHashTree:
             if key != (missing, arrival, seq):
                 heapq.heapreplace(heap, (*key, next(self._push_id), node))
                 continue
-            return _best_of(top)[3]
+            return best_of(top)[3]
         return None
 
-    def _describe(self, req: _Request) -> Candidate:
+    def _describe(self, req: TrackedRequest) -> Candidate:
         path = req.path
         num_active = len(self._active)
         if num_active == 0:
@@ -506,49 +480,3 @@ class ChunkedHashTree:
         from sglang_feather.cht.invariants import check_tree
 
         check_tree(self)
-
-
-_COMPACT_MIN = 64
-
-
-def _best_of(entry: tuple | None) -> tuple | None:
-    """A `best` cache value (num_chunks, arrival, seq, request) from a valid candidate entry."""
-    if entry is None:
-        return None
-    item = entry[4]
-    return (*entry[:3], item if item.__class__ is _Request else item.best[3])
-
-
-def _compacted(heap: list[tuple]) -> list[tuple]:
-    """Entries that may still be valid, one per item, as a heap."""
-    kept: dict[int, tuple] = {}
-    for entry in heap:
-        item = entry[4]
-        if item.__class__ is _Request:
-            alive = item.state is _WAITING
-        else:
-            alive = (
-                item.is_alive
-                and item.num_active == 0
-                and item.best is not None
-                and item.best[:3] == entry[:3]
-            )
-        if alive and (id(item) not in kept or entry < kept[id(item)]):
-            kept[id(item)] = entry
-    compacted = list(kept.values())
-    heapq.heapify(compacted)
-    return compacted
-
-
-def _compacted_global(heap: list[tuple]) -> list[tuple]:
-    """The smallest entry per working-set node (keys are lower bounds, so the smallest is the safe one)."""
-    kept: dict[int, tuple] = {}
-    for entry in heap:
-        node = entry[4]
-        if (node.parent is None or (node.is_alive and node.num_active > 0)) and (
-            id(node) not in kept or entry < kept[id(node)]
-        ):
-            kept[id(node)] = entry
-    compacted = list(kept.values())
-    heapq.heapify(compacted)
-    return compacted

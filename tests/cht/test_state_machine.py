@@ -4,9 +4,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from sglang_feather.cht import ChunkedHashTree, chunk_hashes
+from sglang_feather.cht import ChunkedHashTree, RequestState, chunk_hashes
 from sglang_feather.cht.reference import ReferenceTree
-from sglang_feather.cht.tree import RequestState
 
 CHUNK = 2
 # Few distinct prefixes over a tiny alphabet, so requests share, nest and collide in every possible way.

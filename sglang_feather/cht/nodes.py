@@ -1,0 +1,90 @@
+"""Tree nodes, tracked requests and the lazy-heap helpers the Chunked Hash Tree is built from."""
+
+from __future__ import annotations
+
+import enum
+import heapq
+
+from sglang_feather.types import ChunkHash, RequestId
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"
+    ACTIVE = "active"
+
+
+class PrefixNode:
+    __slots__ = ("hash", "parent", "depth", "num_active", "num_waiting", "candidates", "best", "is_alive")
+
+    def __init__(self, chunk_hash: ChunkHash | None, parent: PrefixNode | None, depth: int):
+        self.hash = chunk_hash
+        self.parent = parent
+        self.depth = depth
+        self.num_active = 0
+        self.num_waiting = 0
+        self.candidates: list[tuple] = []
+        self.best: tuple | None = None
+        self.is_alive = True
+
+
+class TrackedRequest:
+    __slots__ = ("id", "path", "arrival", "seq", "state")
+
+    def __init__(self, request_id: RequestId, path: list[PrefixNode], arrival: float, seq: int):
+        self.id = request_id
+        self.path = path
+        self.arrival = arrival
+        self.seq = seq
+        self.state = RequestState.WAITING
+
+    @property
+    def key(self) -> tuple[int, float, int]:
+        return (len(self.path), self.arrival, self.seq)
+
+
+_WAITING = RequestState.WAITING
+
+COMPACT_MIN = 64
+
+
+def best_of(entry: tuple | None) -> tuple | None:
+    """A `best` cache value (num_chunks, arrival, seq, request) from a valid candidate entry."""
+    if entry is None:
+        return None
+    item = entry[4]
+    return (*entry[:3], item if item.__class__ is TrackedRequest else item.best[3])
+
+
+def compacted(heap: list[tuple]) -> list[tuple]:
+    """Entries that may still be valid, one per item, as a heap."""
+    kept: dict[int, tuple] = {}
+    for entry in heap:
+        item = entry[4]
+        if item.__class__ is TrackedRequest:
+            alive = item.state is _WAITING
+        else:
+            alive = (
+                item.is_alive
+                and item.num_active == 0
+                and item.best is not None
+                and item.best[:3] == entry[:3]
+            )
+        if alive and (id(item) not in kept or entry < kept[id(item)]):
+            kept[id(item)] = entry
+    compacted = list(kept.values())
+    heapq.heapify(compacted)
+    return compacted
+
+
+def compacted_global(heap: list[tuple]) -> list[tuple]:
+    """The smallest entry per working-set node (keys are lower bounds, so the smallest is the safe one)."""
+    kept: dict[int, tuple] = {}
+    for entry in heap:
+        node = entry[4]
+        if (node.parent is None or (node.is_alive and node.num_active > 0)) and (
+            id(node) not in kept or entry < kept[id(node)]
+        ):
+            kept[id(node)] = entry
+    compacted = list(kept.values())
+    heapq.heapify(compacted)
+    return compacted
