@@ -1,0 +1,79 @@
+"""Feather's Prometheus series, created in the scheduler process next to SGLang's own when --enable-metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+PASS_TIME_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
+DEPTH_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+GROUP_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
+
+
+class FeatherMetrics:
+    """Counters and histograms named `sglang:feather_*`, labelled like SGLang's scheduler series.
+
+    SGLang's scheduler collector imports `prometheus_client` only after `PROMETHEUS_MULTIPROC_DIR` is set,
+    and the HTTP server's `/metrics` aggregates every process's files; creating these in the scheduler
+    process after SGLang's collector therefore puts them on the same endpoint.
+    """
+
+    def __init__(self, labels: Mapping[str, Any], registry: Any = None) -> None:
+        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+        self.labels = {key: str(value) for key, value in labels.items()}
+        names = list(self.labels)
+        common = {"labelnames": names, "registry": registry if registry is not None else REGISTRY}
+        self._admissions = Counter(
+            "sglang:feather_admissions", "Requests Feather admitted into the running batch.", **common
+        )
+        self._stops = Counter(
+            "sglang:feather_stops",
+            "Admission passes the stopping policy ended (it said stop while requests were waiting).",
+            **common,
+        )
+        self._delta = Histogram(
+            "sglang:feather_delta_chunks",
+            "Shared-prefix depth lost by each admission (Delta, in CHT chunks).",
+            buckets=DEPTH_BUCKETS,
+            **common,
+        )
+        self._groups = Histogram(
+            "sglang:feather_prefix_groups",
+            "Distinct prefix groups (first CHT chunk) per decode batch.",
+            buckets=GROUP_BUCKETS,
+            **common,
+        )
+        self._pass_time = Histogram(
+            "sglang:feather_pass_seconds",
+            "Time Feather spent in one scheduler pass (queue sync, ordering and admission decisions).",
+            buckets=PASS_TIME_BUCKETS,
+            **common,
+        )
+
+        self._tracked = Gauge(
+            "sglang:feather_tracked_requests",
+            "Requests in Feather's Chunked Hash Tree after the last scheduler step, by state (waiting/active).",
+            labelnames=[*names, "state"],
+            registry=common["registry"],
+            multiprocess_mode="mostrecent",
+        )
+        for series in (self._admissions, self._stops, self._delta, self._groups, self._pass_time):
+            series.labels(**self.labels)  # export zeros from the start, not only after the first event
+
+    def admitted(self, delta: int) -> None:
+        self._admissions.labels(**self.labels).inc()
+        self._delta.labels(**self.labels).observe(delta)
+
+    def stopped(self) -> None:
+        self._stops.labels(**self.labels).inc()
+
+    def decode_batch(self, num_groups: int) -> None:
+        self._groups.labels(**self.labels).observe(num_groups)
+
+    def scheduler_pass(self, seconds: float) -> None:
+        self._pass_time.labels(**self.labels).observe(seconds)
+
+    def tracked(self, num_waiting: int, num_active: int) -> None:
+        self._tracked.labels(**self.labels, state="waiting").set(num_waiting)
+        self._tracked.labels(**self.labels, state="active").set(num_active)

@@ -1,0 +1,145 @@
+"""Keeps the admission component's Chunked Hash Tree in step with SGLang's waiting queue and running batch."""
+
+from __future__ import annotations
+
+import json
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sglang_feather.cht import RequestState, chunk_hashes
+from sglang_feather.types import ChunkHash
+
+# How it works.
+#
+# SGLang owns the truth: `waiting_queue` (a list of `Req`) and the running batch. Instead of hooking every
+# place that moves a request (admission, retraction, abort, finish, chunked prefill, grammar queue, ...),
+# the mirror reconciles ids whenever the scheduler is about to decide: a waiting request unknown to the tree
+# is enqueued with `origin_input_ids + output_ids`; a running request still marked waiting is activated; a
+# tree-active request found back in the waiting queue was retracted; a waiting request whose token count or
+# `Req` object changed (prompt growth, a new turn that reuses the rid) is re-enqueued (`requeue`), keeping its
+# arrival time; a request found nowhere has left. One exception: the chunked-prefill request is in flight
+# between passes (neither waiting nor in the running batch), so a partial sync keeps an absent active
+# request unless it has finished; the end-of-step sync, which is told about the chunked request, drops
+# everything else. Cost: O(waiting + running) dictionary work per sync, hashing only on (re)enqueue.
+
+
+def namespace_of(req: Any) -> str | None:
+    """LoRA id and SGLang's `extra_key` / `cache_salt`: requests that differ in any of them never share."""
+    parts = (getattr(req, "lora_id", None), getattr(req, "extra_key", None), getattr(req, "cache_salt", None))
+    if all(part is None for part in parts):
+        return None
+    return json.dumps(parts, default=str)
+
+
+def token_ids_of(req: Any) -> Sequence[int]:
+    """What a waiting request must (re)compute: its prompt plus any output kept across a retraction."""
+    if not len(req.output_ids):
+        return req.origin_input_ids
+    ids = array("q", req.origin_input_ids)
+    ids.extend(req.output_ids)
+    return ids
+
+
+def num_tokens_of(req: Any) -> int:
+    return len(req.origin_input_ids) + len(req.output_ids)
+
+
+@dataclass
+class _Entry:
+    req: Any
+    num_tokens: int
+    first_hash: ChunkHash
+
+
+class QueueMirror:
+    """The set of SGLang requests Feather tracks, and the admission events that keep the tree equal to it."""
+
+    def __init__(self, admission: Any) -> None:
+        self.admission = admission
+        self._entries: dict[Any, _Entry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, rid: Any) -> bool:
+        return rid in self._entries
+
+    @property
+    def tree(self):
+        return self.admission.tree
+
+    def request(self, rid: Any) -> Any:
+        return self._entries[rid].req
+
+    def first_hash(self, rid: Any) -> ChunkHash | None:
+        entry = self._entries.get(rid)
+        return entry.first_hash if entry is not None else None
+
+    def tracked(self) -> Iterable[Any]:
+        return self._entries.keys()
+
+    def sync(self, waiting: Sequence[Any], running: Iterable[Any], *, complete: bool) -> None:
+        """Make the tree hold exactly `waiting` (as WAITING) and `running` (as ACTIVE).
+
+        `complete=False` (mid-pass: the chunked request may be in flight) keeps an absent active request
+        unless its `Req` has finished; `complete=True` removes every absent request.
+        """
+        waiting_ids = {req.rid for req in waiting}
+        running = list(running)
+        running_ids = {req.rid for req in running}
+        for rid in [rid for rid in self._entries if rid not in waiting_ids and rid not in running_ids]:
+            entry = self._entries[rid]
+            if complete or entry.req.finished() or self.tree.state(rid) is not RequestState.ACTIVE:
+                self._drop(rid)
+        for req in running:
+            self._ensure_active(req)
+        for req in waiting:
+            self._ensure_waiting(req)
+
+    def clear(self) -> None:
+        for rid in list(self._entries):
+            self._drop(rid)
+
+    def _ensure_waiting(self, req: Any) -> None:
+        entry = self._entries.get(req.rid)
+        if entry is None:
+            self._enqueue(req)
+        elif entry.req is not req or entry.num_tokens != num_tokens_of(req):
+            self._enqueue(req, again=True)
+        elif self.tree.state(req.rid) is RequestState.ACTIVE:
+            self.admission.retract(req.rid)
+
+    def _ensure_active(self, req: Any) -> None:
+        entry = self._entries.get(req.rid)
+        if entry is not None and entry.req is not req:
+            self._drop(req.rid)
+            entry = None
+        if entry is None and not self._enqueue(req):
+            return
+        if self.tree.state(req.rid) is RequestState.WAITING:
+            self.admission.activate(req.rid)
+
+    def _enqueue(self, req: Any, *, again: bool = False) -> bool:
+        """Insert as WAITING; `again` replaces a known request's prompt and keeps its arrival time."""
+        ids = token_ids_of(req)
+        if not len(ids):
+            if again:
+                self._drop(req.rid)
+            return False
+        hashes = chunk_hashes(ids, self.tree.chunk_size, namespace_of(req))
+        if again:
+            self.admission.requeue(req.rid, hashes=hashes)
+        else:
+            self.admission.enqueue(req.rid, hashes=hashes)
+        self._entries[req.rid] = _Entry(req=req, num_tokens=num_tokens_of(req), first_hash=hashes[0])
+        return True
+
+    def _drop(self, rid: Any) -> None:
+        del self._entries[rid]
+        state = self.tree.state(rid)
+        if state is RequestState.ACTIVE:
+            self.admission.finish(rid)
+        elif state is RequestState.WAITING:
+            self.admission.abort(rid)

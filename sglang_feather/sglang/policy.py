@@ -1,0 +1,86 @@
+"""`FeatherSchedulePolicy` and `FeatherPrefillAdder`: SGLang's policy and adder, Feather-driven for `feather`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sglang.srt.managers import schedule_policy as _sglang_policy
+
+from sglang_feather.sglang.metrics import FeatherMetrics
+from sglang_feather.sglang.options import FEATHER, FeatherOptions
+from sglang_feather.sglang.runtime import FeatherRuntime
+
+AddReqResult = _sglang_policy.AddReqResult
+
+
+class FeatherSchedulePolicy(_sglang_policy.SchedulePolicy):
+    """SGLang's `SchedulePolicy`; with `policy="feather"` the queue order comes from the Chunked Hash Tree.
+
+    Every other policy name goes to SGLang's constructor and `calc_priority` untouched. For `feather` the
+    base class runs as `fcfs` (so its helpers see a known policy) and `self.feather` holds the runtime.
+    The base is SGLang's class as it was when this module was first imported, before the plugin replaced
+    the module attribute: `FeatherSchedulePolicy.__bases__[0]` is SGLang's own.
+    """
+
+    def __init__(self, policy: str, tree_cache: Any, *args: Any, **kwargs: Any) -> None:
+        self.feather: FeatherRuntime | None = None
+        self._adder_classes: dict[type, type] = {}
+        if policy != FEATHER:
+            super().__init__(policy, tree_cache, *args, **kwargs)
+            return
+        super().__init__(_sglang_policy.CacheAgnosticPolicy.FCFS.value, tree_cache, *args, **kwargs)
+        self.feather = FeatherRuntime(FeatherOptions())
+
+    def configure(
+        self,
+        options: FeatherOptions,
+        metrics: FeatherMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Replace the default runtime with one built from the server's options (scheduler startup)."""
+        if self.feather is None:
+            raise ValueError(f"configure() needs schedule policy {FEATHER!r}")
+        self.feather.close()
+        self.feather = FeatherRuntime(options, metrics, clock)
+        self._adder_classes.clear()
+
+    def calc_priority(
+        self, waiting_queue: list, running_batch: Any = None, processed_tokens: int = 0
+    ) -> None:
+        if self.feather is None:
+            return super().calc_priority(waiting_queue, running_batch, processed_tokens)
+        self.feather.order(waiting_queue, running_batch.reqs if running_batch is not None else ())
+        return None
+
+    def prefill_adder_class(self, base: type) -> type:
+        """`base` (SGLang's PrefillAdder or a subclass) with Feather's stopper in `add_one_req`."""
+        if self.feather is None:
+            return base
+        cls = self._adder_classes.get(base)
+        if cls is None:
+            cls = type("FeatherPrefillAdder", (FeatherAdderMixin, base), {"feather": self.feather})
+            self._adder_classes[base] = cls
+        return cls
+
+
+class FeatherAdderMixin:
+    """Consults the stopper before SGLang's own `add_one_req`; SGLang's token and KV budgets still apply."""
+
+    feather: FeatherRuntime
+
+    def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: int | None):
+        running = self.running_batch.reqs if self.running_batch is not None else ()
+        proposal = self.feather.propose(req, batch_size=len(running) + len(self.can_run_list))
+        if proposal is None:
+            return super().add_one_req(req, has_chunked_req, truncation_align_size)
+        if self.feather.says_stop(proposal):
+            self.feather.decline(proposal)
+            return AddReqResult.OTHER
+        result = super().add_one_req(req, has_chunked_req, truncation_align_size)
+        if self.can_run_list and self.can_run_list[-1] is req:
+            self.feather.accept(proposal, req)
+        else:
+            self.feather.withdraw(proposal)
+        return result

@@ -1,0 +1,97 @@
+"""Real SGLang 0.5.23 objects without a server: published config, RadixCache, token allocator, Req, batches."""
+
+from __future__ import annotations
+
+from array import array
+from types import SimpleNamespace
+
+import pytest
+import torch
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
+
+from sglang_feather.sglang.options import FeatherOptions
+from sglang_feather.sglang.policy import FeatherSchedulePolicy
+
+
+def sglang_schedule_policy() -> type:
+    """SGLang's own class, looked up at call time: a plugin applied in this process would rebind names."""
+    return FeatherSchedulePolicy.__bases__[0]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sglang_config():
+    """SGLang's policies read published config namespaces (disagg, memory); publish a CPU server's."""
+    reset_context()
+    publish(
+        ServerArgs(model_path="dummy", device="cpu"),
+        role="test",
+        ranks=SpawnRanks(world_rank=0, dp_rank=None),
+    )
+
+
+class FakeClock:
+    """The admission clock, advanced by hand (time only matters for aging and reward windows)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_req(rid: str, ids, *, max_new_tokens: int = 16, **kwargs) -> Req:
+    return Req(rid, "", array("q", ids), SamplingParams(max_new_tokens=max_new_tokens), **kwargs)
+
+
+def make_allocator(size: int = 16384) -> TokenToKVPoolAllocator:
+    return TokenToKVPoolAllocator(size, torch.float16, "cpu", None, False)
+
+
+def make_cache(allocator=None, cached: tuple = ()) -> RadixCache:
+    cache = RadixCache(
+        CacheInitParams(
+            disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=allocator, page_size=1
+        )
+    )
+    for ids in cached:
+        cache.insert(InsertParams(key=RadixKey(array("q", ids)), value=torch.arange(len(ids))))
+    return cache
+
+
+def batch(reqs=()) -> ScheduleBatch:
+    return ScheduleBatch(reqs=list(reqs), batch_is_full=False)
+
+
+def feather_policy(
+    cache, options: FeatherOptions | None = None, clock: FakeClock | None = None, metrics=None
+):
+    policy = FeatherSchedulePolicy("feather", cache, False, False, False)
+    policy.configure(options or FeatherOptions(stopper="always"), metrics, clock or FakeClock())
+    return policy
+
+
+def decode_plan(running: ScheduleBatch) -> SimpleNamespace:
+    """What `get_next_batch_to_run` returns for a decode step (the running batch itself runs)."""
+    running.forward_mode = SimpleNamespace(is_decode=lambda: True)
+    return SimpleNamespace(batch_to_run=running, running_batch=running)
+
+
+def idle_plan(running: ScheduleBatch) -> SimpleNamespace:
+    return SimpleNamespace(batch_to_run=None, running_batch=running)
+
+
+def scheduler_view(policy, waiting, chunked_req=None) -> SimpleNamespace:
+    """The attributes of SGLang's Scheduler that Feather's step hook reads."""
+    return SimpleNamespace(policy=policy, waiting_queue=waiting, chunked_req=chunked_req)
+
+
+def group_prompt(group: int, prefix_len: int, suffix_len: int, salt: int) -> list[int]:
+    prefix = [group * 10_000 + t + 1 for t in range(prefix_len)]
+    return prefix + [500_000 + salt * 100 + t for t in range(suffix_len)]

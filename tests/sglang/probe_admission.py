@@ -1,0 +1,103 @@
+"""Subprocess probe: parse `--schedule-policy feather` like the launcher, then order and admit one queue.
+
+Run as `python probe_admission.py POLICY[,POLICY...] [FEATHER-FLAG...]`; prints one JSON line mapping each
+policy to its result, or to {"error": ...} when the launcher's argument parsing rejects it.
+It goes through SGLang's own entry points: `load_plugins()`, `prepare_server_args`, the Scheduler's
+`init_schedule_policy` / `get_prefill_adder_class` (called on a stand-in object holding only the attributes
+they read; no model, no GPU), a real RadixCache, token allocator, ScheduleBatch and Req objects.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from array import array
+from types import SimpleNamespace
+
+warnings.filterwarnings("ignore")
+
+
+def main(argv: list[str]) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    results = {}
+    for policy in argv[0].split(","):
+        flags = argv[1:] if policy == "feather" else []
+        try:
+            results[policy] = probe(["--schedule-policy", policy, *flags])
+        except SystemExit as exc:
+            results[policy] = {"error": f"argument parsing exited with {exc.code}"}
+    print(json.dumps(results))
+
+
+def probe(argv: list[str]) -> dict:
+    import torch
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.schedule_policy import AddReqResult
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+    from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import prepare_server_args
+
+    server_args = prepare_server_args(["--model-path", "dummy", "--device", "cpu", *argv])
+    reset_context()
+    publish(server_args, role="test", ranks=SpawnRanks(world_rank=0, dp_rank=None))
+
+    allocator = TokenToKVPoolAllocator(8192, torch.float16, "cpu", None, False)
+    cache = RadixCache(
+        CacheInitParams(
+            disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=allocator, page_size=1
+        )
+    )
+    scheduler = SimpleNamespace(
+        schedule_policy=server_args.schedule_policy,
+        server_args=server_args,
+        tree_cache=cache,
+        enable_hierarchical_cache=False,
+        enable_priority_scheduling=False,
+        schedule_low_priority_values_first=False,
+        metrics_collector_context=None,
+        metrics_collector=None,
+        metrics_reporter=SimpleNamespace(enable_metrics=False),
+    )
+    Scheduler.init_schedule_policy(scheduler)
+    adder_cls = Scheduler.get_prefill_adder_class(scheduler)
+
+    groups = [list(range(g * 1000 + 1, g * 1000 + 1 + 192)) for g in range(3)]
+    queue = []
+    for i in range(12):
+        g = (i * 7) % 3
+        ids = groups[g][: 64 + 64 * ((i // 3) % 3)] + [50_000 + i] * (10 + i)
+        queue.append(Req(f"r{i:02d}-g{g}", "", array("q", ids), SamplingParams(max_new_tokens=8)))
+
+    running = ScheduleBatch(reqs=[], batch_is_full=False)
+    scheduler.policy.calc_priority(queue, running)
+    order = [req.rid for req in queue]
+    adder = adder_cls(1, cache, allocator, running, 0.5, 16384, None)
+    for req in queue:
+        req.init_next_round_input(cache)
+        if (
+            adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+            is not AddReqResult.CONTINUE
+        ):
+            break
+    feather = getattr(scheduler.policy, "feather", None)
+    return {
+        "policy_class": type(scheduler.policy).__name__,
+        "adder_class": adder_cls.__name__,
+        "options": repr(feather.options) if feather is not None else None,
+        "order": order,
+        "admitted": [req.rid for req in adder.can_run_list],
+    }
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,157 @@
+"""Queue order: `feather` sorts by the Chunked Hash Tree; every other policy is SGLang's, unchanged."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from conftest import (
+    FakeClock,
+    batch,
+    feather_policy,
+    group_prompt,
+    make_cache,
+    make_req,
+    sglang_schedule_policy,
+)
+
+from sglang_feather.sglang.options import FeatherOptions
+from sglang_feather.sglang.policy import FeatherSchedulePolicy
+
+CHUNK = 16
+
+
+def _options(**kwargs) -> FeatherOptions:
+    return FeatherOptions(chunk_size=CHUNK, stopper="always", **kwargs)
+
+
+def test_waiting_requests_sharing_the_running_prefix_come_first():
+    running = batch([make_req("run-a", group_prompt(0, 64, 8, salt=0))])
+    queue = [
+        make_req("b0", group_prompt(1, 64, 8, salt=1)),
+        make_req("a-short", group_prompt(0, 32, 0, salt=2)),
+        make_req("c0", group_prompt(2, 16, 4, salt=3)),
+        make_req("a1", group_prompt(0, 64, 8, salt=4)),
+        make_req("b1", group_prompt(1, 64, 8, salt=5)),
+        make_req("a2", group_prompt(0, 64, 20, salt=6)),
+    ]
+    policy = feather_policy(make_cache(), _options())
+    policy.calc_priority(queue, running)
+    tree = policy.feather.tree
+    # a-short lies wholly inside the working set (0 missing); a1 misses its 1 suffix chunk; c0 and a2 miss
+    # 2 each and the shorter prompt goes first (the tree's own tie-break); b0/b1 miss all 5 (arrival order).
+    assert [r.rid for r in queue] == ["a-short", "a1", "c0", "a2", "b0", "b1"]
+    assert [tree.num_missing(r.rid) for r in queue] == [0, 1, 2, 2, 5, 5]
+    assert tree.best().request_id == "a-short"
+    assert tree.num_active == 1 and tree.num_waiting == 6
+
+
+def test_no_128_request_cap():
+    """LPM falls back to FCFS above 128 waiting requests; feather keeps sorting (here 300 requests)."""
+    running_ids = group_prompt(0, 128, 0, salt=0)
+    queue = [make_req(f"x{i:03d}", group_prompt(1 + i % 50, 128, 16, salt=i)) for i in range(299)]
+    queue.append(make_req("hit", running_ids + [7] * 16))
+    cache_lpm = make_cache(cached=(running_ids,))
+    lpm_queue = list(queue)
+    sglang_schedule_policy()("lpm", cache_lpm, False, False, False).calc_priority(lpm_queue)
+    assert lpm_queue[0].rid == "x000", "SGLang's LPM should have fallen back to FCFS above 128 requests"
+    feather_queue = list(queue)
+    policy = feather_policy(make_cache(), _options())
+    policy.calc_priority(feather_queue, batch([make_req("run", running_ids)]))
+    assert feather_queue[0].rid == "hit"
+    assert len(feather_queue) == 300 and policy.feather.tree.num_waiting == 300
+
+
+def test_namespaces_never_share_chunks():
+    ids = group_prompt(0, 64, 0, salt=0)
+    running = batch([make_req("run", ids, lora_id="lora-a")])
+    queue = [
+        make_req("same-lora", ids, lora_id="lora-a"),
+        make_req("other-lora", ids, lora_id="lora-b"),
+        make_req("no-lora", ids),
+        make_req("salted", ids, lora_id="lora-a", cache_salt="s1"),
+        make_req("extra-key", ids, lora_id="lora-a", extra_key="k1"),
+    ]
+    policy = feather_policy(make_cache(), _options())
+    policy.calc_priority(queue, running)
+    tree = policy.feather.tree
+    assert tree.num_missing("same-lora") == 0
+    for rid in ("other-lora", "no-lora", "salted", "extra-key"):
+        assert tree.num_missing(rid) == tree.num_chunks(rid) == 4, rid
+    assert queue[0].rid == "same-lora"
+
+
+def test_starved_request_goes_first():
+    clock = FakeClock()
+    policy = feather_policy(make_cache(), _options(max_wait_s=10.0), clock)
+    running = batch([make_req("run", group_prompt(0, 64, 0, salt=0))])
+    old = make_req("old-unrelated", group_prompt(5, 64, 0, salt=1))
+    policy.calc_priority([old], running)
+    clock.now += 11.0
+    queue = [old, make_req("sharing", group_prompt(0, 64, 0, salt=2))]
+    policy.calc_priority(queue, running)
+    assert [r.rid for r in queue] == ["old-unrelated", "sharing"]
+    clock.now += 0.0
+    fresh_policy = feather_policy(make_cache(), _options(max_wait_s=None), FakeClock())
+    queue = [old, make_req("sharing", group_prompt(0, 64, 0, salt=2))]
+    fresh_policy.calc_priority(queue, running)
+    assert [r.rid for r in queue] == ["sharing", "old-unrelated"]
+
+
+def _workload(seed: int):
+    """A queue with shared and unique prefixes, some of them in the radix cache, with LoRA ids and lengths."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(1, 30_000) for _ in range(rng.choice((8, 40, 96)))] for _ in range(4)]
+    cached = (prefixes[0], prefixes[1][:20])
+    reqs = []
+    for i in range(40):
+        ids = list(rng.choice(prefixes)) + [rng.randrange(1, 30_000) for _ in range(rng.randrange(1, 60))]
+        reqs.append(
+            (f"r{i}", ids, rng.choice((None, "lora-x")), rng.randrange(4, 64), rng.choice(("k1", "k2")))
+        )
+    return cached, reqs
+
+
+def _queue(reqs):
+    return [
+        make_req(rid, ids, max_new_tokens=mnt, lora_id=lora, routing_key=rk)
+        for rid, ids, lora, mnt, rk in reqs
+    ]
+
+
+@pytest.mark.parametrize(
+    "name", ["fcfs", "lpm", "dfs-weight", "lof", "random", "hrrn", "shortest-prefill-first", "routing-key"]
+)
+def test_other_policies_order_exactly_like_sglang(name):
+    cached, reqs = _workload(seed=7)
+    for processed in (0, 500):
+        orders = []
+        for cls in (sglang_schedule_policy(), FeatherSchedulePolicy):
+            cache = make_cache(cached=cached)
+            policy = cls(name, cache, False, False, False)
+            assert getattr(policy, "feather", None) is None
+            queue = _queue(reqs)
+            running = batch(_queue(reqs[:3]))
+            random.seed(1234)
+            for _ in range(3):
+                policy.calc_priority(queue, running, processed_tokens=processed)
+            orders.append([r.rid for r in queue])
+        assert orders[0] == orders[1]
+        if name != "fcfs":
+            assert orders[0] != [rid for rid, *_ in reqs] or name == "random"
+
+
+@pytest.mark.parametrize("name", ["fcfs", "lpm"])
+def test_other_policies_keep_sglangs_helpers(name):
+    cache = make_cache()
+    ours = FeatherSchedulePolicy(name, cache, False, False, False)
+    theirs = sglang_schedule_policy()(name, cache, False, False, False)
+    assert ours.policy == theirs.policy
+    queue = _queue(_workload(seed=3)[1])
+    assert ours.waiting_queue_prefix_matched(queue) == theirs.waiting_queue_prefix_matched(queue)
+    assert ours.prefill_adder_class(object) is object
+
+
+def test_unknown_policy_still_raises_sglangs_error():
+    with pytest.raises(ValueError, match="Unknown schedule_policy"):
+        FeatherSchedulePolicy("nonsense", make_cache(), False, False, False)

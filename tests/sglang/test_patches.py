@@ -1,0 +1,167 @@
+"""The source patch set: applies to a pristine copy of the installed SGLang and gives the plugin's behaviour."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_feather.patches import (
+    PatchError,
+    PatchState,
+    apply,
+    installed_root,
+    patch_files,
+    revert,
+    status,
+    touched_files,
+)
+
+PROBE = Path(__file__).with_name("probe_admission.py")
+PROBE_ARGS = ["feather,lpm,fcfs", "--feather-chunk-size", "32", "--feather-stopper", "static"]
+
+
+def _pristine_copy(dest: Path) -> Path:
+    """The installed `sglang/` as a tree of symlinks, except real copies of the files the patches touch.
+
+    Their stale byte-code is dropped, so Python compiles the patched sources into the copy's own
+    `__pycache__`; nothing under site-packages is ever written.
+    """
+    source = installed_root() / "sglang"
+    root = dest / "root"
+    shutil.copytree(source, root / "sglang", copy_function=os.symlink)
+    for rel in touched_files():
+        target = root / rel
+        target.unlink()
+        shutil.copyfile(installed_root() / rel, target)
+        for pyc in (target.parent / "__pycache__").glob(target.stem + ".*.pyc"):
+            pyc.unlink()
+    return root
+
+
+def _probe(args: list[str], *, root: Path | None, plugins: str | None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("SGLANG_PLUGINS", None)
+    if plugins is not None:
+        env["SGLANG_PLUGINS"] = plugins
+    if root is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return subprocess.run(
+        [sys.executable, str(PROBE), *args], capture_output=True, text=True, env=env, timeout=600, check=False
+    )
+
+
+def _result(run: subprocess.CompletedProcess) -> dict:
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def patched_root(tmp_path_factory) -> Path:
+    root = _pristine_copy(tmp_path_factory.mktemp("sglang-copy"))
+    assert {item.state for item in status(root)} == {PatchState.APPLICABLE}
+    applied = apply(root)
+    assert [p.name for p in applied] == [p.name for p in patch_files()]
+    return root
+
+
+def test_patch_set_touches_only_three_files_and_calls_into_sglang_feather():
+    assert touched_files() == [
+        "sglang/srt/arg_groups/fields/schedule.py",
+        "sglang/srt/server_args.py",
+        "sglang/srt/managers/scheduler.py",
+    ]
+    added = [
+        line
+        for patch in patch_files()
+        for line in patch.read_text().splitlines()
+        if line.startswith("+") and not line.startswith("+++")
+    ]
+    assert len(added) < 40, "the patch set should stay a thin set of calls into sglang_feather"
+    assert sum("sglang_feather" in line for line in added) >= 5
+
+
+def test_installed_sglang_is_pristine():
+    assert {item.state for item in status(installed_root())} == {PatchState.APPLICABLE}
+
+
+def test_apply_is_idempotent_and_revert_restores_the_pristine_files(patched_root, tmp_path):
+    root = _pristine_copy(tmp_path)
+    apply(root)
+    assert {item.state for item in status(root)} == {PatchState.APPLIED}
+    assert apply(root) == []
+    for rel in touched_files():
+        assert not filecmp.cmp(root / rel, installed_root() / rel, shallow=False)
+    assert len(revert(root)) == len(patch_files())
+    for rel in touched_files():
+        assert filecmp.cmp(root / rel, installed_root() / rel, shallow=False)
+    assert revert(root) == []
+
+
+def test_conflicting_tree_is_refused_and_left_untouched(tmp_path):
+    root = _pristine_copy(tmp_path)
+    scheduler = root / "sglang/srt/managers/scheduler.py"
+    text = scheduler.read_text().replace("        return PrefillAdder\n", "        return None\n")
+    scheduler.write_text(text)
+    with pytest.raises(PatchError, match="0003"):
+        apply(root)
+    assert scheduler.read_text() == text
+    for rel in touched_files()[:2]:
+        assert filecmp.cmp(root / rel, installed_root() / rel, shallow=False)
+
+
+def test_cli_check_reports_the_installed_tree():
+    run = subprocess.run(
+        [sys.executable, "-m", "sglang_feather.patches", "check"], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("applicable") == len(patch_files())
+
+
+@pytest.fixture(scope="module")
+def probes(patched_root) -> dict[str, dict]:
+    """One subprocess per SGLang variant, each probing feather, lpm and fcfs."""
+    return {
+        "pristine": _result(_probe(PROBE_ARGS, root=None, plugins="none")),
+        "patched": _result(_probe(PROBE_ARGS, root=patched_root, plugins="none")),
+        "plugin": _result(_probe(PROBE_ARGS, root=None, plugins=None)),
+        "patched+plugin": _result(_probe(PROBE_ARGS, root=patched_root, plugins=None)),
+    }
+
+
+def test_unpatched_sglang_without_plugin_rejects_feather(probes):
+    assert probes["pristine"]["feather"] == {"error": "argument parsing exited with 2"}
+
+
+def test_patched_sglang_orders_and_admits_like_the_plugin(probes):
+    patched, plugin = probes["patched"]["feather"], probes["plugin"]["feather"]
+    assert patched["policy_class"] == plugin["policy_class"] == "FeatherSchedulePolicy"
+    assert patched["adder_class"] == plugin["adder_class"] == "FeatherPrefillAdder"
+    assert patched["options"] == plugin["options"]
+    assert "chunk_size=32" in patched["options"]
+    assert patched["order"] == plugin["order"]
+    assert patched["admitted"] == plugin["admitted"]
+    assert patched["order"] != sorted(patched["order"]), "feather should reorder the arrival order"
+
+
+def test_plugin_stays_inactive_on_a_patched_sglang(probes):
+    assert probes["patched+plugin"] == probes["patched"]
+    assert probes["patched+plugin"]["lpm"]["policy_class"] == "SchedulePolicy"
+
+
+@pytest.mark.parametrize("policy", ["lpm", "fcfs"])
+def test_patched_and_plugged_sglang_keep_other_policies(probes, policy):
+    pristine = probes["pristine"][policy]
+    assert pristine["policy_class"] == "SchedulePolicy"
+    assert probes["patched"][policy]["policy_class"] == "SchedulePolicy"
+    assert probes["plugin"][policy]["policy_class"] == "FeatherSchedulePolicy"
+    assert probes["plugin"][policy]["adder_class"] == pristine["adder_class"] == "PrefillAdder"
+    for variant in ("patched", "plugin"):
+        assert probes[variant][policy]["order"] == pristine["order"]
+        assert probes[variant][policy]["admitted"] == pristine["admitted"]
