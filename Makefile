@@ -8,7 +8,7 @@ MODEL      ?= models/tiny-llama
 STRESS_OPS ?= 1000000
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-sglang setup-vllm model test test-core test-vllm lint bench stress demo sim policy-figures kernels-smoke clean
+.PHONY: setup setup-sglang setup-vllm model test test-core test-vllm lint bench stress demo sim sim-paper policy-figures kernels-smoke clean
 
 setup: setup-sglang setup-vllm model
 
@@ -51,6 +51,10 @@ demo: setup
 
 sim: setup-sglang
 	$(PY) -m sglang_feather.sim --help
+
+sim-paper: setup-sglang
+	$(PY) -m sglang_feather.sim --workload paper --gpu h200 --warm-cache --sweep prefix_len=1024,4096,10240 \
+		--json results/sim_paper_h200.json --plot-dir results/
 
 policy-figures: setup-sglang
 	$(PY) -m sglang_feather.policy.convergence --out docs/policy_convergence.png

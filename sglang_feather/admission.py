@@ -209,6 +209,15 @@ class Admission:
     def wait_s(self, request_id: RequestId) -> float:
         return self.clock() - self._arrivals[request_id]
 
+    def sort_key(self, request_id: RequestId) -> tuple:
+        """A waiting request's place in a best-first queue, in the order `propose()` would take requests
+        against the current batch: starved ones first (oldest first), then fewest missing chunks, then
+        earliest arrival. For engines that sort their own queue list."""
+        arrival = self._arrivals[request_id]
+        if self.guard.is_starved(self.clock() - arrival):
+            return (0, 0, arrival)
+        return (1, self.tree.num_missing(request_id), arrival)
+
     # ----------------------------------------------------------------- one scheduling pass
 
     def begin_pass(self) -> None:

@@ -84,10 +84,10 @@ class ReferenceTree:
         if not active:
             before = after = len(path)
         else:
-            before = self.shared_depth()
             after = 0
-            while after < min(before, len(path)) and all(p[after] == path[after] for p in active):
+            while after < min(self.shared_depth(), len(path)) and all(p[after] == path[after] for p in active):
                 after += 1
+            before = self.shared_depth() if len(active) > 1 else after
         sharing = (
             sum(
                 1

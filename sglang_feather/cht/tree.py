@@ -56,7 +56,8 @@ class Candidate:
     num_chunks: int
     num_missing: int
     depth_before: int
-    """Shared-prefix depth of the running batch now; the candidate's own `num_chunks` when the batch is empty."""
+    """Shared-prefix depth of the running batch now. A batch of one request shares nothing yet, so it has
+    nothing to lose: then `depth_before == depth_after`; an empty batch gives the candidate's `num_chunks`."""
     depth_after: int
     num_sharing: int
     """`w`: other waiting requests that hold the prefix of depth `depth_after` (0 when that depth is 0)."""
@@ -203,14 +204,20 @@ class ChunkedHashTree:
         req = self._expect(request_id, _WAITING)
         req.state = _ACTIVE
         self._active[request_id] = req
-        entered = []
-        for node in req.path:
+        path = req.path
+        first_entered = len(path)
+        for depth, node in enumerate(path):
             node.num_waiting -= 1
             node.num_active += 1
-            if node.num_active == 1:
-                entered.append(node)
-        for node in entered:
-            self._push_global(node)
+            if node.num_active == 1 and depth < first_entered:
+                first_entered = depth
+        # A node that enters the working set needs a global entry only if some waiting request leaves the
+        # working set right there (the others are counted at a deeper node of this path).
+        for depth in range(first_entered, len(path)):
+            node = path[depth]
+            below = path[depth + 1].num_waiting if depth + 1 < len(path) else 0
+            if node.num_waiting > below:
+                self._push_global(node)
         self._update_shared_after_activate(req)
         self._best_valid = False
 
@@ -350,10 +357,13 @@ class ChunkedHashTree:
             if node.num_active == 0:
                 left.append(node)
         for node in reversed(left):
+            if node.num_waiting == 0:
+                node.best = None
+                continue
             best = self._refresh(node)
             if best is not None:
                 self._push(node.parent, best[:3], node)
-        if left:
+        if left and left[0].num_waiting:
             self._reoffer(left[0].parent)
         self._update_shared_after_leave()
 
@@ -464,11 +474,10 @@ class ChunkedHashTree:
         path = req.path
         num_active = len(self._active)
         if num_active == 0:
-            before = after = len(path)
-            missing = len(path)
+            before = after = missing = len(path)
         else:
-            before = self.shared_depth
-            after = self._last_depth(path, min(len(path), before), num_active)
+            after = self._last_depth(path, min(len(path), self.shared_depth), num_active)
+            before = self.shared_depth if num_active > 1 else after
             missing = len(path) - self._last_depth(path, len(path), 1)
         sharing = path[after - 1].num_waiting - 1 if after else 0
         return Candidate(req.id, len(path), missing, before, after, sharing)

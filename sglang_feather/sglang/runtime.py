@@ -18,8 +18,8 @@ SAVE_INTERVAL_S = 30.0
 # How it works.
 #
 # SGLang calls `order()` from `SchedulePolicy.calc_priority` at the start of every prefill pass: the mirror
-# reconciles the tree with the queue, and the queue is sorted best-first (starved requests first, then
-# fewest chunks missing from the running batch's working set, shorter prompts, earlier arrival). SGLang's
+# reconciles the tree with the queue, and the queue is sorted best-first by `Admission.sort_key` (starved
+# requests first, then fewest chunks missing from the running batch's working set, then earlier arrival). SGLang's
 # admission loop then walks that list and calls the PrefillAdder; for each request Feather's adder asks
 # `propose()` (the stopper's add/stop decision on that candidate), lets SGLang's budgets have the last
 # word, and reports `accept()` or `decline()`. After an admission the working set grew, so `promote()`
@@ -66,18 +66,10 @@ class FeatherRuntime:
         self._pass_s += time.perf_counter() - t0
 
     def _ranker(self) -> Callable[[Any], tuple]:
-        starved = self.admission.guard.is_starved
-        wait_s = self.admission.wait_s
-        tree, mirror = self.tree, self.mirror
+        sort_key, mirror = self.admission.sort_key, self.mirror
 
         def rank(req: Any) -> tuple:
-            rid = req.rid
-            if rid not in mirror:
-                return (2, 0, 0, 0.0)
-            waited = wait_s(rid)
-            if starved(waited):
-                return (0, 0, 0, -waited)
-            return (1, tree.num_missing(rid), tree.num_chunks(rid), -waited)
+            return (0, *sort_key(req.rid)) if req.rid in mirror else (1,)
 
         return rank
 

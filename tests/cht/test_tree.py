@@ -88,11 +88,15 @@ class TestScenarios:
         assert tree.best().request_id == "a0"
         tree.activate("a0")
         best = tree.best()
-        assert best == Candidate("a1", 5, 1, 5, 4, 1)
-        assert best.delta == 1
+        assert best == Candidate("a1", 5, 1, 4, 4, 1), "a batch of one shares nothing yet: nothing to lose"
+        assert best.delta == 0
         tree.activate("a1")
         assert tree.shared_depth == 4
-        assert tree.best().request_id == "a2"
+        tree.insert("a3", system[:8] + [0] * 12)
+        assert tree.best() == Candidate("a2", 5, 1, 4, 4, 0)
+        tree.activate("a2")
+        assert tree.best() == Candidate("a3", 5, 3, 4, 2, 0)
+        assert tree.best().delta == 2
 
     def test_retraction_keeps_arrival_order(self):
         tree = ChunkedHashTree(chunk_size=2)
@@ -121,7 +125,7 @@ class TestScenarios:
         assert tree.insert("huge", np.arange(1_000_000)) == 3907
         tree.insert("small", [1])
         tree.activate("huge")
-        assert tree.best() == Candidate("small", 1, 1, 3907, 0, 0)
+        assert tree.best() == Candidate("small", 1, 1, 0, 0, 0)
         tree.finish("huge")
         tree.check_invariants()
         assert tree.num_nodes == 1

@@ -45,12 +45,20 @@ def test_group_stays_together_after_first_pick():
     assert {rid[0] for rid in plan.admitted} == {"b"}, plan.admitted
 
 
+def test_no_sharing_is_not_throttled():
+    adm, _ = make("static")
+    for i in range(6):
+        adm.enqueue(i, [100 + i] * 40)
+    assert adm.select(batch_size=0).admitted == tuple(range(6)), "a batch of one has no shared prefix to lose"
+
+
 def test_static_stopper_stops_on_a_large_prefix_loss():
     adm, _ = make("static")
     adm.enqueue("a0", GROUP_A + [5])
     adm.enqueue("b0", GROUP_B + [5])
+    adm.enqueue("a1", GROUP_A + [6])
     plan = adm.select(batch_size=0)
-    assert plan == type(plan)(("a0",), StopReason.STOPPER)
+    assert plan == type(plan)(("a0", "a1"), StopReason.STOPPER)
     assert adm.stats.num_stops == 1
     assert adm.is_waiting("b0")
 

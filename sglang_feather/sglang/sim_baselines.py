@@ -1,0 +1,126 @@
+"""SGLang 0.5.23's own fcfs / lpm / dfs-weight as simulator policies: real `calc_priority`, `Req`, `RadixCache`."""
+
+from __future__ import annotations
+
+import warnings
+from array import array
+from collections.abc import Sequence
+
+import numpy as np
+
+from sglang_feather.sim.policies import PassContext, PolicySetup
+
+warnings.filterwarnings("ignore", module="sglang")
+
+import torch  # noqa: E402
+from sglang.srt.managers.schedule_batch import Req  # noqa: E402
+from sglang.srt.managers.schedule_policy import SchedulePolicy  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams  # noqa: E402
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
+from sglang.srt.runtime_context import SpawnRanks, get_context, publish  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+
+# How it works.
+#
+# Every request becomes a real `Req`; the waiting queue is a real list that `calc_priority` sorts in place
+# each pass (so, as in SGLang, an order survives passes where LPM falls back to FCFS), and the admission
+# walk stops at the first request the simulator's budgets refuse. A real `RadixCache` mirrors the
+# simulator's prefix cache through its insert/evict listeners, so LPM and DFS-weight match against the same
+# cached prefixes the simulator holds (evicted blocks are cut out of the mirror by splitting at the block
+# start and deleting the leaves below it).
+
+SGLANG_POLICIES = ("fcfs", "lpm", "dfs-weight")
+
+
+def _publish_cpu_context() -> None:
+    """`calc_priority` reads published runtime config namespaces; publish a CPU one once per process."""
+    if not get_context().is_config_namespace_published("disagg"):
+        from sglang.srt.server_args import ServerArgs
+
+        publish(
+            ServerArgs(model_path="dummy", device="cpu"),
+            role="test",
+            ranks=SpawnRanks(world_rank=0, dp_rank=None),
+        )
+
+
+def _ids(tokens: np.ndarray) -> array:
+    out = array("q")
+    out.frombytes(np.ascontiguousarray(tokens, dtype=np.int64).tobytes())
+    return out
+
+
+class RadixMirror:
+    """A real RadixCache kept equal, prefix for prefix, to the simulator's block cache."""
+
+    def __init__(self) -> None:
+        self.tree = RadixCache(
+            CacheInitParams(
+                disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=None, page_size=1
+            )
+        )
+
+    def insert(self, path: np.ndarray) -> None:
+        ids = _ids(path)
+        self.tree.insert(InsertParams(key=RadixKey(ids), value=torch.arange(len(ids))))
+
+    def evict(self, path: np.ndarray, start: int) -> None:
+        ids = _ids(path)
+        if start > 0:
+            self.tree.match_prefix(MatchPrefixParams(key=RadixKey(ids[:start])))
+        res = self.tree.match_prefix(MatchPrefixParams(key=RadixKey(ids)))
+        if res.device_prefix_len != len(ids):
+            raise RuntimeError(
+                f"radix mirror lost a path of {len(ids)} tokens (matched {res.device_prefix_len})"
+            )
+        node, end = res.last_device_node, len(ids)
+        while node is not self.tree.root_node and not node.children and end - len(node.key) >= start:
+            parent = node.parent
+            end -= len(node.key)
+            self.tree._delete_leaf(node)
+            node = parent
+
+
+class SGLangPolicy:
+    def __init__(self, name: str, setup: PolicySetup) -> None:
+        if name not in SGLANG_POLICIES:
+            raise ValueError(f"not an SGLang baseline policy: {name!r}; choose from {SGLANG_POLICIES}")
+        _publish_cpu_context()
+        self.name = name
+        self.mirror = RadixMirror()
+        self.policy = SchedulePolicy(name, self.mirror.tree, False, False, False)
+        self.reqs: dict[str, Req] = {}
+        self.queue: list[Req] = []
+        setup.cache.on_insert.append(self.mirror.insert)
+        setup.cache.on_evict.append(self.mirror.evict)
+
+    def prepare(self, rid: str, tokens: np.ndarray, max_new_tokens: int) -> None:
+        params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+        self.reqs[rid] = Req(rid, "", _ids(tokens), params)
+
+    def on_arrival(self, rid: str) -> None:
+        self.queue.append(self.reqs[rid])
+
+    def schedule(self, ctx: PassContext) -> None:
+        self.policy.calc_priority(self.queue)
+        for req in self.queue:
+            if not ctx.try_admit(req.rid):
+                break
+
+    def on_admitted(self, rids: Sequence[str]) -> None:
+        gone = set(rids)
+        self.queue = [r for r in self.queue if r.rid not in gone]
+
+    def on_finish(self, rid: str) -> None:
+        del self.reqs[rid]
+
+    def on_retract(self, rid: str, num_out: int) -> None:
+        self.queue.append(self.reqs[rid])
+
+    def on_step(self, num_tokens: int, elapsed_s: float) -> None:
+        return None
+
+
+def make_sglang_policy(name: str, setup: PolicySetup) -> SGLangPolicy:
+    return SGLangPolicy(name, setup)

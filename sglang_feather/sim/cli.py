@@ -1,0 +1,196 @@
+"""Command-line options of `python -m sglang_feather.sim` (the single place that turns flags into configs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import fields
+
+from sglang_feather.cht import DEFAULT_CHUNK_SIZE
+from sglang_feather.policy import DEFAULT_MAX_WAIT_S, policy_names
+from sglang_feather.sim import profile
+from sglang_feather.sim.engine import EngineConfig
+from sglang_feather.sim.policies import POLICIES
+from sglang_feather.sim.workloads import WORKLOADS, WorkloadConfig
+
+DEFAULT_POLICIES = "fcfs,lpm,dfs-weight,feather"
+
+
+def _range(text: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition(":")
+    if not sep or int(lo) > int(hi):
+        raise argparse.ArgumentTypeError(f"expected LO:HI with LO <= HI, got {text!r}")
+    return int(lo), int(hi)
+
+
+def _option(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = WorkloadConfig()
+    e = EngineConfig()
+    p = argparse.ArgumentParser(
+        prog="python -m sglang_feather.sim",
+        description="Replay a workload through a model of SGLang 0.5.23 continuous batching on one GPU and "
+        "compare scheduling policies (fcfs, lpm, dfs-weight run SGLang's own code; feather runs Admission).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    w = p.add_argument_group("workload")
+    w.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default="paper",
+        help="gsp: SGLang generated-shared-prefix; paper: 8 groups x 100; leval: long documents with "
+        "several questions; chat: multi-turn conversations; none: no sharing",
+    )
+    w.add_argument("--trace", help="replay this JSONL trace instead of generating a workload")
+    w.add_argument("--export-trace", help="write the (generated) trace to this JSONL file")
+    w.add_argument("--seed", type=int, default=d.seed, help="workload and stopper seed")
+    w.add_argument("--num-groups", type=int, default=d.num_groups, help="gsp: prefix groups")
+    w.add_argument(
+        "--prompts-per-group", type=int, default=d.prompts_per_group, help="gsp: mean requests per group"
+    )
+    w.add_argument(
+        "--prefix-len", type=int, default=d.prefix_len, help="gsp/paper/chat: shared system prompt tokens"
+    )
+    w.add_argument(
+        "--question-len", type=int, default=d.question_len, help="unique question tokens per request"
+    )
+    w.add_argument(
+        "--output-len", type=int, default=d.output_len, help="output tokens per request (fixed length)"
+    )
+    w.add_argument("--group-dist", choices=("uniform", "zipf"), default=d.group_dist, help="gsp: group sizes")
+    w.add_argument("--zipf-alpha", type=float, default=d.zipf_alpha, help="gsp: Zipf exponent of group sizes")
+    w.add_argument(
+        "--ordered", action="store_true", help="keep requests grouped in arrival order (default: shuffled)"
+    )
+    w.add_argument(
+        "--num-requests", type=int, default=d.num_requests, help="none: requests; chat: conversations"
+    )
+    w.add_argument("--prompt-len", type=int, default=d.prompt_len, help="none: prompt tokens")
+    w.add_argument("--num-docs", type=int, default=d.num_docs, help="leval: documents")
+    w.add_argument(
+        "--doc-len-range", type=_range, default=d.doc_len_range, help="leval: document tokens LO:HI"
+    )
+    w.add_argument(
+        "--questions-range",
+        type=_range,
+        default=d.questions_range,
+        help="leval: questions per document LO:HI",
+    )
+    w.add_argument("--num-turns", type=int, default=d.num_turns, help="chat: turns per conversation")
+    w.add_argument(
+        "--think-s", type=float, default=d.think_s, help="chat: seconds between a reply and the next turn"
+    )
+    w.add_argument(
+        "--rate", type=float, help="Poisson arrivals at this many requests/s (default: all at t=0)"
+    )
+    w.add_argument(
+        "--sweep", help="KEY=V1,V2,...: rerun for each value of a workload option, e.g. prefix_len=1024,4096"
+    )
+
+    s = p.add_argument_group("policies")
+    s.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, from {sorted(POLICIES)}")
+    s.add_argument("--stopper", choices=policy_names(), default="static", help="feather: stopping policy")
+    s.add_argument(
+        "--stopper-option",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="feather: stopper option (JSON value), repeatable",
+    )
+    s.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="feather: CHT chunk tokens")
+    s.add_argument(
+        "--max-wait-s", type=float, default=DEFAULT_MAX_WAIT_S, help="feather: aging bound in seconds"
+    )
+    s.add_argument("--no-aging", action="store_true", help="feather: disable the aging guard")
+
+    g = p.add_argument_group("cost model")
+    g.add_argument("--gpu", choices=profile.available("gpu"), default="h200", help="GPU profile")
+    g.add_argument("--model", choices=profile.available("model"), default="llama-3-8b", help="model profile")
+    g.add_argument(
+        "--profile-override",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="JSON file of measured constants merged over the profile (repeatable; docs/simulator.md)",
+    )
+
+    n = p.add_argument_group("engine (SGLang server arguments)")
+    n.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=e.mem_fraction_static,
+        help="GPU memory share for weights + KV",
+    )
+    n.add_argument(
+        "--max-prefill-tokens", type=int, default=e.max_prefill_tokens, help="prefill token budget per pass"
+    )
+    n.add_argument(
+        "--chunked-prefill-size", type=int, default=e.chunked_prefill_size, help="chunk budget per pass"
+    )
+    n.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
+    n.add_argument("--max-running-requests", type=int, default=e.max_running_requests, help="request slots")
+    n.add_argument(
+        "--new-token-ratio",
+        type=float,
+        default=e.new_token_ratio,
+        help="share of remaining outputs reserved per running request (below 1 allows retraction)",
+    )
+    n.add_argument("--block-size", type=int, default=e.block_size, help="simulator prefix-cache block tokens")
+    n.add_argument(
+        "--kv-capacity-tokens", type=int, help="KV pool tokens (default: from the profile's memory)"
+    )
+    n.add_argument(
+        "--warm-cache", action="store_true", help="start with every shared prefix cached (paper's warm-up)"
+    )
+    n.add_argument(
+        "--overlap-cpu",
+        action="store_true",
+        help="overlap scheduler: a step takes max(GPU, CPU) (the report shows both modes anyway)",
+    )
+    n.add_argument(
+        "--fixed-cpu-ms", type=float, help="charge this scheduler CPU per call instead of measuring"
+    )
+
+    o = p.add_argument_group("output")
+    o.add_argument("--json", help="write every summary and the profile provenance to this JSON file")
+    o.add_argument("--plot-dir", help="with --sweep: write throughput_vs_<key>.png here")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def workload_config(args: argparse.Namespace) -> WorkloadConfig:
+    names = {f.name for f in fields(WorkloadConfig)}
+    return WorkloadConfig(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        mem_fraction_static=args.mem_fraction_static,
+        max_prefill_tokens=args.max_prefill_tokens,
+        chunked_prefill_size=None if args.no_chunked_prefill else args.chunked_prefill_size,
+        max_running_requests=args.max_running_requests,
+        new_token_ratio=args.new_token_ratio,
+        block_size=args.block_size,
+        kv_capacity_tokens=args.kv_capacity_tokens,
+        overlap_cpu=args.overlap_cpu,
+        warm_cache=args.warm_cache,
+    )
+
+
+def sweep_values(text: str | None) -> tuple[str | None, list[int | float]]:
+    if text is None:
+        return None, [0]
+    key, sep, values = text.partition("=")
+    if not sep or key not in {f.name for f in fields(WorkloadConfig)}:
+        raise SystemExit(f"--sweep: expected KEY=V1,V2 with KEY a workload option, got {text!r}")
+    return key, [json.loads(v) for v in values.split(",")]

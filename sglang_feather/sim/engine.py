@@ -1,0 +1,268 @@
+"""A model of SGLang 0.5.23 continuous batching driven by simulated time and a cost model."""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sglang_feather.sim.budget import KVPool, PassBudget
+from sglang_feather.sim.cost import CostModel, KVSplit
+from sglang_feather.sim.cpu import CpuTimer
+from sglang_feather.sim.metrics import RequestRecord, RunLog, StepKind, StepRecord
+from sglang_feather.sim.policies import SimPolicy
+from sglang_feather.sim.requests import Phase, ReqState, output_tokens
+from sglang_feather.sim.sharing import DEFAULT_BLOCK_SIZE, block_ends, block_hashes
+from sglang_feather.sim.trace import TokenSource, TraceError
+
+# How it works.
+#
+# Each iteration is one scheduler pass followed by one forward step. Arrivals join the waiting queue; when
+# the queue is non-empty and the batch is not marked full, the policy runs (its CPU time is charged) and
+# admits requests through `try_admit`, which applies SGLang's PrefillAdder budgets (KV room after reserving
+# every running request's remaining output, max prefill tokens, chunked prefill size, request slots) and
+# stops the pass at the first request that does not fit. A pass that admitted something runs a prefill step
+# (matched prefix skipped, the rest computed, first token sampled); otherwise the running batch takes one
+# decode step. New requests are appended to the running batch in admission order, as SGLang's `merge_batch`
+# does, and the cost model sees that order. When a decode step has no KV room, requests are retracted in
+# SGLang's order (fewest outputs, then longest prompt, first) and re-queued.
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """SGLang server knobs the model honours (defaults are SGLang 0.5.23's for a large GPU)."""
+
+    mem_fraction_static: float = 0.9
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: int | None = 8192
+    max_running_requests: int = 4096
+    new_token_ratio: float = 1.0
+    """Share of each running request's remaining output reserved at admission; 1.0 = fixed-length outputs."""
+    block_size: int = DEFAULT_BLOCK_SIZE
+    kv_capacity_tokens: int | None = None
+    overlap_cpu: bool = False
+    """Overlap scheduler: a step takes max(GPU, CPU) instead of GPU + CPU."""
+    warm_cache: bool = False
+    """Start with every shared prompt prefix already cached (the paper's prefix-cache warm-up)."""
+
+
+@dataclass
+class SimClock:
+    """Simulated time in seconds; policies read it as their clock."""
+
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """Everything an engine needs besides the requests, the policy and the KV pool."""
+
+    cost: CostModel
+    config: EngineConfig
+    cpu: CpuTimer
+    src: TokenSource
+    clock: SimClock = field(default_factory=SimClock)
+    progress: Callable[[int], None] | None = None
+
+
+class Engine:
+    def __init__(self, states: list[ReqState], policy: SimPolicy, pool: KVPool, setup: EngineSetup):
+        self.config, self.cpu, self.src = setup.config, setup.cpu, setup.src
+        self.cost, self.clock, self.progress = setup.cost, setup.clock, setup.progress
+        self.states, self.policy, self.pool = states, policy, pool
+        self.by_rid = {s.rid: s for s in states}
+        self.log = RunLog(overlap_cpu=self.config.overlap_cpu)
+        self.waiting: dict[str, ReqState] = {}
+        self.running: list[ReqState] = []
+        self.chunked: ReqState | None = None
+        self.batch_is_full = False
+        self.pending_cpu = 0.0
+        self._arrivals: list[tuple[float, int, str]] = []
+        self._followers: dict[str, list[ReqState]] = {}
+        self._split: KVSplit | None = None
+        self._num_done = 0
+        for i, s in enumerate(states):
+            total = s.prompt_len + s.spec.output_len
+            if total >= pool.capacity:
+                raise TraceError(f"request {s.rid!r} needs {total} KV tokens; the pool holds {pool.capacity}")
+            if s.spec.follows is None:
+                heapq.heappush(self._arrivals, (s.spec.arrival_s, i, s.rid))
+            else:
+                self._followers.setdefault(s.spec.follows, []).append(s)
+            policy.prepare(s.rid, s.tokens, s.spec.output_len)
+        if self.config.warm_cache:
+            self._warm()
+
+    def _warm(self) -> None:
+        for s in self.states:
+            shared = sum(n.num_tokens for n in s.nodes)
+            if shared:
+                k = bisect.bisect_left(s.ends, shared) + 1
+                self.pool.insert(s.hashes[:k], s.ends[:k], s.tokens)
+
+    @property
+    def now(self) -> float:
+        return self.clock.now
+
+    @now.setter
+    def now(self, value: float) -> None:
+        self.clock.now = value
+
+    def _charge(self, fn: Callable[[], object]) -> None:
+        spent = self.cpu.run(fn)
+        self.pending_cpu += spent
+        self.log.event_cpu_s += spent
+
+    def run(self) -> RunLog:
+        n = len(self.states)
+        while self._num_done < n:
+            while self._arrivals and self._arrivals[0][0] <= self.now:
+                _, _, rid = heapq.heappop(self._arrivals)
+                self._arrive(self.by_rid[rid])
+            if not self._step():
+                if not self._arrivals:
+                    raise RuntimeError(f"simulation stalled with {n - self._num_done} unfinished requests")
+                self.now = max(self.now, self._arrivals[0][0])
+        self.log.end_s = self.now
+        return self.log
+
+    def _arrive(self, s: ReqState) -> None:
+        s.phase = Phase.WAITING
+        s.arrival_t = self.now
+        self.waiting[s.rid] = s
+        self._charge(lambda: self.policy.on_arrival(s.rid))
+
+    def _step(self) -> bool:
+        cpu = self.pending_cpu
+        self.pending_cpu = 0.0
+        if not self.running:
+            self.batch_is_full = False
+        ran_policy = False
+        budget = None
+        if self.chunked is not None or (self.waiting and not self.batch_is_full):
+            budget = PassBudget.open(self)
+            if self.waiting and not self.batch_is_full and budget.slots_left(self) > 0:
+                spent = self.cpu.run(lambda: self.policy.schedule(budget), lambda: budget.engine_s)
+                cpu += spent
+                ran_policy = True
+                self.log.num_policy_passes += 1
+                self.log.policy_cpu_s += spent
+                if budget.admitted:
+                    self._charge(lambda: self.policy.on_admitted([s.rid for s, _ in budget.admitted]))
+            elif self.waiting:
+                self.batch_is_full = True
+        if budget is not None and budget.items:
+            gpu, kind, size, groups, tokens = self._prefill(budget), StepKind.PREFILL, len(budget.items), 0, 0
+        elif self.running:
+            gpu, size, groups = self._decode(), len(self.running), len({s.group for s in self.running})
+            kind, tokens = StepKind.DECODE, size
+        else:
+            self.pending_cpu += cpu
+            return False
+        step = max(gpu, cpu) if self.config.overlap_cpu else gpu + cpu
+        self.log.steps.append(StepRecord(kind, self.now, gpu, cpu, size, groups, tokens, ran_policy))
+        self.now += step
+        self._finish_step(kind)
+        self._charge(lambda: self.policy.on_step(tokens, step))
+        return True
+
+    def _prefill(self, budget: PassBudget) -> float:
+        gpu = self.cost.prefill_s([n for _, n in budget.items], [s.num_filled for s, _ in budget.items])
+        for s, n in budget.items:
+            s.num_filled += n
+            if s.num_filled == s.fill_len:
+                self._complete_prefill(s)
+        return gpu
+
+    def _complete_prefill(self, s: ReqState) -> None:
+        if self.chunked is s:
+            self.chunked = None
+        locked_tokens = s.ends[len(s.locked) - 1] if s.locked else 0
+        moved = s.prompt_len - locked_tokens
+        self.pool.release(s, moved)
+        self.pool.insert(s.hashes, s.ends, s.tokens)
+        self.pool.cache.lock(s.hashes)
+        self.pool.cache.unlock(s.locked)
+        s.locked = list(s.hashes)
+        s.phase = Phase.RUNNING
+        s.num_out += 1
+        self.running.append(s)
+        self._split = None
+
+    def _decode(self) -> float:
+        while not self.pool.fits(len(self.running)) and len(self.running) > 1:
+            self._retract_one()
+        self.pool.alloc_decode(self.running)
+        if self._split is None:
+            self._split = self.cost.shared_split([s.cost_nodes() for s in self.running])
+        private = sum(s.private_kv_tokens() for s in self.running)
+        kv = KVSplit(self._split.dram_tokens + private, self._split.l2_tokens)
+        for s in self.running:
+            s.num_out += 1
+        return self.cost.decode_s(len(self.running), kv)
+
+    def _retract_one(self) -> None:
+        order = sorted(self.running, key=lambda r: (r.num_out, -r.prompt_len), reverse=True)
+        s = order[-1]
+        self.running.remove(s)
+        self._split = None
+        self.pool.release(s, s.num_private)
+        self.pool.cache.unlock(s.locked)
+        s.locked = []
+        s.phase = Phase.WAITING
+        self.waiting[s.rid] = s
+        self.batch_is_full = False
+        self.log.num_retractions += 1
+        self._charge(lambda: self.policy.on_retract(s.rid, s.num_out))
+
+    def _finish_step(self, kind: StepKind) -> None:
+        end = self.now
+        for s in self.running:
+            if s.first_token_t is None:
+                s.first_token_t = end
+        done = [s for s in self.running if s.num_out >= s.spec.output_len]
+        if not done:
+            return
+        self.running = [s for s in self.running if s.num_out < s.spec.output_len]
+        self._split = None
+        self.batch_is_full = False
+        for s in done:
+            self._finish(s, end)
+
+    def _finish(self, s: ReqState, end: float) -> None:
+        out = output_tokens(self.src, s)[: s.num_out]
+        full = np.concatenate([s.tokens, out])
+        bs = self.config.block_size
+        k = s.prompt_len // bs
+        hashes = s.hashes[:k] + block_hashes(full, bs, start=k * bs, seed=s.hashes[k - 1] if k else 0)
+        self.pool.release(s, s.num_private)
+        self.pool.insert_best_effort(hashes, block_ends(len(full), bs), full)
+        self.pool.cache.unlock(s.locked)
+        s.locked = []
+        s.phase = Phase.DONE
+        s.finish_t = end
+        self._num_done += 1
+        self.log.requests.append(
+            RequestRecord(
+                s.rid,
+                s.group,
+                s.arrival_t,
+                s.admit_t,
+                s.first_token_t,
+                end,
+                s.prompt_len,
+                s.num_out,
+                s.num_prefills,
+            )
+        )
+        self._charge(lambda: self.policy.on_finish(s.rid))
+        for child in self._followers.pop(s.rid, ()):
+            heapq.heappush(self._arrivals, (end + child.spec.delay_s, len(self._arrivals), child.rid))
+        if self.progress is not None:
+            self.progress(1)

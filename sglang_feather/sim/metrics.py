@@ -1,0 +1,51 @@
+"""What a simulation run records: one row per forward step and one timeline per request."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class StepKind(enum.Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    kind: StepKind
+    start_s: float
+    gpu_s: float
+    cpu_s: float
+    batch_size: int
+    num_groups: int
+    num_tokens: int
+    ran_policy: bool
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    rid: str
+    group: str
+    arrival_s: float
+    admit_s: float
+    first_token_s: float
+    finish_s: float
+    prompt_len: int
+    output_len: int
+    num_prefills: int
+
+
+@dataclass
+class RunLog:
+    steps: list[StepRecord] = field(default_factory=list)
+    requests: list[RequestRecord] = field(default_factory=list)
+    cache_hit_tokens: int = 0
+    cache_miss_tokens: int = 0
+    num_retractions: int = 0
+    num_policy_passes: int = 0
+    policy_cpu_s: float = 0.0
+    event_cpu_s: float = 0.0
+    max_cache_tokens: int = 0
+    end_s: float = 0.0
+    overlap_cpu: bool = False

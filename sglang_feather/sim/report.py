@@ -1,0 +1,125 @@
+"""Per-policy summary of a run (throughput, latency, cache, homogeneity, scheduler CPU) as table and JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sglang_feather.sim.metrics import RunLog, StepKind
+
+
+@dataclass(frozen=True)
+class Summary:
+    policy: str
+    num_requests: int
+    output_tokens: int
+    duration_s: float
+    output_tok_s: float
+    req_s: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    tpot_p50_ms: float
+    tpot_p99_ms: float
+    max_queue_wait_s: float
+    cache_hit_rate: float
+    groups_per_decode_step: float
+    mean_decode_batch: float
+    num_prefill_steps: int
+    num_decode_steps: int
+    num_retractions: int
+    num_policy_passes: int
+    cpu_ms_per_pass: float
+    cpu_pct_of_gpu: float
+    gpu_s: float
+    cpu_s: float
+    output_tok_s_serial_cpu: float
+    """Throughput had every step taken GPU + CPU time (no overlap scheduler)."""
+    output_tok_s_overlap_cpu: float
+    """Throughput had every step taken max(GPU, CPU) (SGLang's overlap scheduler)."""
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else 0.0
+
+
+def summarize(policy: str, log: RunLog) -> Summary:
+    reqs = log.requests
+    out = sum(r.output_len for r in reqs)
+    ttft = [r.first_token_s - r.arrival_s for r in reqs]
+    tpot = [(r.finish_s - r.first_token_s) / (r.output_len - 1) for r in reqs if r.output_len > 1]
+    decode = [s for s in log.steps if s.kind is StepKind.DECODE]
+    gpu = sum(s.gpu_s for s in log.steps)
+    cpu = sum(s.cpu_s for s in log.steps)
+    busy = sum(s.gpu_s + s.cpu_s for s in log.steps)
+    overlap = sum(max(s.gpu_s, s.cpu_s) for s in log.steps)
+    actual = overlap if log.overlap_cpu else busy
+    idle = max(0.0, log.end_s - actual)
+    filled = log.cache_hit_tokens + log.cache_miss_tokens
+    return Summary(
+        policy=policy,
+        num_requests=len(reqs),
+        output_tokens=out,
+        duration_s=log.end_s,
+        output_tok_s=out / log.end_s if log.end_s else 0.0,
+        req_s=len(reqs) / log.end_s if log.end_s else 0.0,
+        ttft_p50_s=_pct(ttft, 50),
+        ttft_p99_s=_pct(ttft, 99),
+        tpot_p50_ms=_pct(tpot, 50) * 1e3,
+        tpot_p99_ms=_pct(tpot, 99) * 1e3,
+        max_queue_wait_s=max((r.admit_s - r.arrival_s for r in reqs), default=0.0),
+        cache_hit_rate=log.cache_hit_tokens / filled if filled else 0.0,
+        groups_per_decode_step=float(np.mean([s.num_groups for s in decode])) if decode else 0.0,
+        mean_decode_batch=float(np.mean([s.batch_size for s in decode])) if decode else 0.0,
+        num_prefill_steps=len(log.steps) - len(decode),
+        num_decode_steps=len(decode),
+        num_retractions=log.num_retractions,
+        num_policy_passes=log.num_policy_passes,
+        cpu_ms_per_pass=log.policy_cpu_s / log.num_policy_passes * 1e3 if log.num_policy_passes else 0.0,
+        cpu_pct_of_gpu=100 * cpu / gpu if gpu else 0.0,
+        gpu_s=gpu,
+        cpu_s=cpu,
+        output_tok_s_serial_cpu=out / (busy + idle) if busy + idle else 0.0,
+        output_tok_s_overlap_cpu=out / (overlap + idle) if overlap + idle else 0.0,
+    )
+
+
+COLUMNS = (
+    ("policy", "policy", "{}"),
+    ("output_tok_s", "tok/s", "{:.0f}"),
+    ("req_s", "req/s", "{:.2f}"),
+    ("ttft_p50_s", "TTFT p50 s", "{:.2f}"),
+    ("ttft_p99_s", "TTFT p99 s", "{:.2f}"),
+    ("tpot_p50_ms", "TPOT p50 ms", "{:.1f}"),
+    ("tpot_p99_ms", "TPOT p99 ms", "{:.1f}"),
+    ("max_queue_wait_s", "max wait s", "{:.2f}"),
+    ("cache_hit_rate", "hit", "{:.1%}"),
+    ("groups_per_decode_step", "groups/step", "{:.2f}"),
+    ("mean_decode_batch", "batch", "{:.0f}"),
+    ("cpu_ms_per_pass", "CPU ms/pass", "{:.3f}"),
+    ("cpu_pct_of_gpu", "CPU %GPU", "{:.2f}"),
+    ("output_tok_s_serial_cpu", "tok/s serial", "{:.0f}"),
+    ("output_tok_s_overlap_cpu", "tok/s overlap", "{:.0f}"),
+)
+
+
+def table(summaries: list[Summary]) -> str:
+    rows = [[head for _, head, _ in COLUMNS]]
+    for s in summaries:
+        rows.append([fmt.format(getattr(s, key)) for key, _, fmt in COLUMNS])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def write_json(path: str | Path, meta: dict[str, Any], runs: list[dict[str, Any]]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({**meta, "runs": runs}, f, indent=2, default=str)
+
+
+def summary_dict(s: Summary) -> dict[str, Any]:
+    return asdict(s)

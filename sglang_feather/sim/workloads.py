@@ -1,0 +1,154 @@
+"""Seeded synthetic workloads: shared-prefix groups, long documents with questions, chat, no sharing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from sglang_feather.sim.trace import Segment, SimRequest
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """Every generator's knobs; each generator reads the ones it documents and ignores the rest."""
+
+    seed: int = 0
+    num_groups: int = 8
+    prompts_per_group: int = 100
+    prefix_len: int = 4096
+    question_len: int = 20
+    output_len: int = 50
+    group_dist: str = "uniform"
+    zipf_alpha: float = 1.0
+    ordered: bool = False
+    num_requests: int = 800
+    prompt_len: int = 1024
+    num_docs: int = 20
+    doc_len_range: tuple[int, int] = (3000, 32000)
+    questions_range: tuple[int, int] = (5, 20)
+    num_turns: int = 4
+    think_s: float = 1.0
+    rate: float | None = None
+    """Poisson arrivals at this many requests/s; None = all at t=0 (offline)."""
+
+
+def _group_sizes(cfg: WorkloadConfig) -> list[int]:
+    total = cfg.num_groups * cfg.prompts_per_group
+    if cfg.group_dist == "uniform":
+        return [cfg.prompts_per_group] * cfg.num_groups
+    if cfg.group_dist != "zipf":
+        raise ValueError(f"group_dist must be 'uniform' or 'zipf', got {cfg.group_dist!r}")
+    weights = 1.0 / np.arange(1, cfg.num_groups + 1) ** cfg.zipf_alpha
+    sizes = np.maximum(1, np.floor(weights / weights.sum() * total)).astype(int)
+    sizes[0] += total - sizes.sum()
+    return [int(s) for s in sizes]
+
+
+def _order(reqs: list[SimRequest], cfg: WorkloadConfig, rng: np.random.Generator) -> list[SimRequest]:
+    if not cfg.ordered:
+        reqs = [reqs[i] for i in rng.permutation(len(reqs))]
+    if cfg.rate is None:
+        return reqs
+    gaps = rng.exponential(1.0 / cfg.rate, size=len(reqs))
+    return [replace(r, arrival_s=float(t)) for r, t in zip(reqs, np.cumsum(gaps), strict=True)]
+
+
+def generated_shared_prefix(cfg: WorkloadConfig) -> list[SimRequest]:
+    """SGLang bench_serving's generated-shared-prefix: groups share a system prompt, then a unique question.
+
+    Knobs: num_groups, prompts_per_group, prefix_len (system prompt), question_len, output_len,
+    group_dist (uniform|zipf, zipf_alpha), ordered (False = shuffled arrival, as bench_serving), rate, seed.
+    """
+    rng = np.random.default_rng(cfg.seed)
+    reqs = []
+    for g, size in enumerate(_group_sizes(cfg)):
+        for j in range(size):
+            segs = (
+                Segment(f"s{cfg.seed}/sys{g}", cfg.prefix_len),
+                Segment(f"s{cfg.seed}/q{g}.{j}", cfg.question_len),
+            )
+            reqs.append(SimRequest(f"g{g}-{j}", 0.0, cfg.output_len, segs, group=f"g{g}"))
+    return _order(reqs, cfg, rng)
+
+
+def paper(cfg: WorkloadConfig) -> list[SimRequest]:
+    """The Feather paper's experiment: 8 groups x 100 requests on a shared prefix (prefix_len), shuffled."""
+    return generated_shared_prefix(replace(cfg, num_groups=8, prompts_per_group=100, group_dist="uniform"))
+
+
+def no_sharing(cfg: WorkloadConfig) -> list[SimRequest]:
+    """num_requests unrelated prompts of prompt_len tokens, each with output_len outputs."""
+    rng = np.random.default_rng(cfg.seed)
+    reqs = [
+        SimRequest(
+            f"u{i}", 0.0, cfg.output_len, (Segment(f"s{cfg.seed}/u{i}", cfg.prompt_len),), group=f"u{i}"
+        )
+        for i in range(cfg.num_requests)
+    ]
+    return _order(reqs, cfg, rng)
+
+
+def long_documents(cfg: WorkloadConfig) -> list[SimRequest]:
+    """L-Eval-shaped: num_docs documents of doc_len_range tokens, each asked questions_range questions.
+
+    Each request is document + one question (question_len) with output_len outputs; arrivals shuffled.
+    """
+    rng = np.random.default_rng(cfg.seed)
+    lo, hi = cfg.doc_len_range
+    qlo, qhi = cfg.questions_range
+    reqs = []
+    for d in range(cfg.num_docs):
+        doc = Segment(f"s{cfg.seed}/doc{d}", int(rng.integers(lo, hi + 1)))
+        for q in range(int(rng.integers(qlo, qhi + 1))):
+            segs = (doc, Segment(f"s{cfg.seed}/doc{d}.q{q}", cfg.question_len))
+            reqs.append(SimRequest(f"d{d}-{q}", 0.0, cfg.output_len, segs, group=f"doc{d}"))
+    return _order(reqs, cfg, rng)
+
+
+def multi_turn_chat(cfg: WorkloadConfig) -> list[SimRequest]:
+    """num_requests conversations of num_turns turns under one shared system prompt (prefix_len).
+
+    Turn k's prompt is the system prompt plus every earlier question and answer, so it extends turn k-1's
+    cached sequence; turn k arrives think_s after turn k-1 finishes. Conversations start offline or Poisson.
+    """
+    rng = np.random.default_rng(cfg.seed)
+    system = Segment(f"s{cfg.seed}/chat-sys", cfg.prefix_len)
+    firsts, rest = [], []
+    for c in range(cfg.num_requests):
+        history = (system,)
+        prev = None
+        for t in range(cfg.num_turns):
+            history = (*history, Segment(f"s{cfg.seed}/c{c}.q{t}", cfg.question_len))
+            answer = f"s{cfg.seed}/c{c}.a{t}"
+            req = SimRequest(
+                f"c{c}-t{t}",
+                0.0,
+                cfg.output_len,
+                history,
+                group=f"c{c}",
+                follows=prev,
+                delay_s=cfg.think_s if prev else 0.0,
+                output_key=answer,
+            )
+            (firsts if prev is None else rest).append(req)
+            history = (*history, Segment(answer, cfg.output_len))
+            prev = req.rid
+    return _order(firsts, cfg, rng) + rest
+
+
+WORKLOADS: dict[str, Callable[[WorkloadConfig], list[SimRequest]]] = {
+    "gsp": generated_shared_prefix,
+    "paper": paper,
+    "leval": long_documents,
+    "chat": multi_turn_chat,
+    "none": no_sharing,
+}
+
+
+def make_workload(name: str, cfg: WorkloadConfig) -> list[SimRequest]:
+    gen = WORKLOADS.get(name)
+    if gen is None:
+        raise ValueError(f"unknown workload {name!r}; choose from {sorted(WORKLOADS)}")
+    return gen(cfg)

@@ -1,0 +1,92 @@
+"""What vLLM's waiting loop will have left this step: tokens and KV blocks, for `Admission.select(fits=...)`."""
+
+from __future__ import annotations
+
+from vllm.utils.math_utils import cdiv
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
+
+from sglang_feather.types import RequestId
+
+# How it works.
+#
+# vLLM first schedules its running requests, then admits waiting ones while the step's token budget lasts
+# and `allocate_slots` finds KV blocks. Admission asks `fits(rid)` for each candidate it wants to add, in
+# order, before vLLM runs; this class replays vLLM's arithmetic from outside: the token budget left after
+# the running requests' next chunks, the free blocks left after their growth (less the watermark), and for
+# each candidate the tokens and blocks it needs beyond its prefix-cache hit. The hit counts blocks already in
+# vLLM's cache plus those that candidates admitted earlier in this pass will fill (vLLM caches a new
+# request's full blocks at allocation, so the second request of a group hits the first one's prefix in the
+# same step). A blocked request (grammar still compiling) passes without a reservation: vLLM's loop skips it
+# and goes on with the next. It is an estimate: vLLM still makes the real decision, and the adapter retracts
+# a planned request that vLLM did not admit.
+
+
+class CapacityEstimate:
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+        self._block_size = scheduler.block_size
+        self._pool = scheduler.kv_cache_manager.block_pool
+        self._group_ids = list(range(len(scheduler.kv_cache_config.kv_cache_groups)))
+        self._can_probe_cache = scheduler.hash_block_size == scheduler.block_size
+        self._planned_hashes: set[bytes] = set()
+        num_eligible = len(scheduler.running) + len(scheduler.waiting)
+        config = scheduler.scheduler_config
+        self._long_prefill = config.long_prefill_token_threshold if num_eligible > 1 else 0
+        self._chunked_prefill = config.enable_chunked_prefill
+        self.num_tokens_left = scheduler.max_num_scheduled_tokens
+        self.num_blocks_left = self._pool.get_num_free_blocks() - scheduler.kv_cache_manager.watermark_blocks
+        for request in scheduler.running:
+            num_new = (
+                request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
+            )
+            num_new = min(self._cap(num_new), self.num_tokens_left)
+            num_new = max(min(num_new, scheduler.max_model_len - request.num_computed_tokens - 1), 0)
+            self.num_tokens_left -= num_new
+            computed = request.num_computed_tokens
+            self.num_blocks_left -= cdiv(computed + num_new, self._block_size) - cdiv(
+                computed, self._block_size
+            )
+
+    def fits(self, request_id: RequestId) -> bool:
+        """Whether vLLM can admit this waiting request after those that fitted before; reserves its share."""
+        request = self._scheduler.requests[request_id]
+        if self.num_tokens_left <= 0:
+            return False
+        if request.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            return True  # blocked (e.g. grammar compiling): vLLM skips it unless it is ready by then
+        num_hit_blocks = min(
+            self._num_cached_blocks(request.block_hashes), (request.num_tokens - 1) // self._block_size
+        )
+        num_new = request.num_tokens - num_hit_blocks * self._block_size
+        if not self._chunked_prefill and num_new > self.num_tokens_left:
+            return False
+        num_scheduled = min(self._cap(num_new), self.num_tokens_left)
+        num_covered = (
+            request.num_tokens
+            if self._scheduler.scheduler_reserve_full_isl
+            else request.num_tokens - num_new + num_scheduled
+        )
+        num_blocks = cdiv(num_covered, self._block_size) - num_hit_blocks
+        if num_blocks > self.num_blocks_left:
+            return False
+        self.num_tokens_left -= num_scheduled
+        self.num_blocks_left -= num_blocks
+        self._planned_hashes.update(request.block_hashes)
+        return True
+
+    def _cap(self, num_tokens: int) -> int:
+        return num_tokens if self._long_prefill <= 0 else min(num_tokens, self._long_prefill)
+
+    def _num_cached_blocks(self, block_hashes: list[bytes]) -> int:
+        if not self._can_probe_cache:
+            return 0
+        count = 0
+        for block_hash in block_hashes:
+            if (
+                block_hash not in self._planned_hashes
+                and self._pool.get_cached_block(block_hash, self._group_ids) is None
+            ):
+                break
+            count += 1
+        return count

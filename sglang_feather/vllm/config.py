@@ -1,0 +1,83 @@
+"""FeatherScheduler's options (from vLLM's `additional_config`) and the vLLM features it refuses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from sglang_feather.admission import AdmissionConfig
+
+OPTIONS_KEY = "feather"
+"""`--additional-config '{"feather": {"stopper": "ucb", "max_wait_s": 60}}'`."""
+
+
+class UnsupportedVllmConfig(ValueError):
+    """The vLLM configuration asks for something FeatherScheduler cannot do correctly; names every reason."""
+
+
+def option_names() -> tuple[str, ...]:
+    """Keys accepted under `additional_config["feather"]`: AdmissionConfig's fields except the chunk size,
+    which is always vLLM's hash block size (the CHT reuses vLLM's block hashes, one chunk per block)."""
+    return tuple(f.name for f in fields(AdmissionConfig) if f.name != "chunk_size")
+
+
+def admission_config(additional_config: Any, chunk_size: int) -> AdmissionConfig:
+    """Build the admission config; ValueError naming the valid keys for anything it does not understand."""
+    section: Any = additional_config.get(OPTIONS_KEY, {}) if isinstance(additional_config, Mapping) else {}
+    if not isinstance(section, Mapping):
+        raise ValueError(
+            f'additional_config["{OPTIONS_KEY}"] must be a JSON object, got {type(section).__name__}: {section!r}'
+        )
+    unknown = sorted(set(section) - set(option_names()))
+    if unknown:
+        raise ValueError(
+            f'unknown key(s) {", ".join(map(repr, unknown))} in additional_config["{OPTIONS_KEY}"]; valid keys: '
+            f"{', '.join(option_names())} (the chunk size is always vLLM's block size)"
+        )
+    return AdmissionConfig(chunk_size=chunk_size, **dict(section))
+
+
+@dataclass(frozen=True)
+class Refusal:
+    applies: Callable[[Any], bool]
+    reason: str
+
+
+REFUSALS: dict[str, Refusal] = {
+    "async_scheduling": Refusal(
+        lambda cfg: bool(cfg.scheduler_config.async_scheduling),
+        "async scheduling is on (vLLM's default on GPU). FeatherScheduler subclasses the synchronous Scheduler; "
+        "with async scheduling vLLM would overlap two batches and sample into placeholders this class does not "
+        "keep. Start vLLM with --no-async-scheduling.",
+    ),
+    "priority_policy": Refusal(
+        lambda cfg: cfg.scheduler_config.policy != "fcfs",
+        "--scheduling-policy priority: Feather orders the waiting queue itself (prefix sharing, then arrival) and "
+        "preempts like fcfs; it would silently ignore request priorities. Use --scheduling-policy fcfs.",
+    ),
+    "prefix_caching_off": Refusal(
+        lambda cfg: not cfg.cache_config.enable_prefix_caching,
+        "prefix caching is off: vLLM then computes no block hashes, so Feather has nothing to group by and no "
+        "cache to reuse. Pass --enable-prefix-caching.",
+    ),
+    "kv_connector": Refusal(
+        lambda cfg: cfg.kv_transfer_config is not None,
+        "a KV connector (--kv-transfer-config: P/D disaggregation, KV offloading) is set: its requests load KV "
+        "asynchronously from vLLM's kv_holding_waiting queue, which Feather does not order or track.",
+    ),
+    "pipeline_parallel": Refusal(
+        lambda cfg: cfg.parallel_config.pipeline_parallel_size > 1,
+        "pipeline parallelism keeps several batches in flight: Feather's reward, the decode throughput between "
+        "two schedule() calls, assumes one. Use --pipeline-parallel-size 1.",
+    ),
+}
+
+
+def check_supported(vllm_config: Any) -> None:
+    """Raise UnsupportedVllmConfig listing every refused feature the configuration turns on."""
+    reasons = [f"[{name}] {r.reason}" for name, r in REFUSALS.items() if r.applies(vllm_config)]
+    if reasons:
+        raise UnsupportedVllmConfig(
+            "FeatherScheduler cannot run with this vLLM configuration:\n" + "\n".join(reasons)
+        )

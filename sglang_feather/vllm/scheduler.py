@@ -1,0 +1,161 @@
+"""FeatherScheduler: vLLM v1's Scheduler whose admissions come from Feather (CHT order + stopping policy)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from vllm.logger import init_logger
+from vllm.v1.core.sched.interface import PauseState
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.request_queue import FCFSRequestQueue
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+
+from sglang_feather.admission import Admission
+from sglang_feather.cht import RequestState
+from sglang_feather.types import RequestId
+from sglang_feather.vllm.capacity import CapacityEstimate
+from sglang_feather.vllm.config import admission_config, check_supported
+from sglang_feather.vllm.hashes import request_chunk_hashes
+
+logger = init_logger("vllm.feather")
+"""Under vLLM's logger tree, so the line shows in vLLM's own log output."""
+
+# How it works.
+#
+# Every request vLLM accepts is also enqueued in Feather's Admission, keyed by vLLM's own chained block
+# hashes (one CHT chunk per full KV block; no second hashing pass). Each schedule() asks Admission for this
+# step's admissions: candidates best-first by the CHT (fewest chunks missing from the running batch), while
+# the stopping policy says "add" and `CapacityEstimate` says vLLM can still take them. Only those requests
+# are left in `self.waiting`, in that order, while vLLM's own schedule() runs, so vLLM's unchanged loop does
+# the block allocation, chunked prefill and preemption; the others are put back behind them afterwards.
+# vLLM's events then drive the CHT: a planned request vLLM did not admit and every preempted request is
+# retracted (back to waiting), finished and aborted requests leave. Between two schedule() calls the tokens
+# sampled by update_from_output over the time that batch took are the window's decode throughput, the
+# stopping policy's reward.
+
+
+class FeatherScheduler(Scheduler):
+    """Use with `--scheduler-cls sglang_feather.vllm.FeatherScheduler --enable-prefix-caching`; options from
+    `--additional-config '{"feather": {...}}'` (see docs/vllm.md)."""
+
+    def __init__(
+        self, vllm_config: Any, *args: Any, clock: Callable[[], float] = time.monotonic, **kwargs: Any
+    ):
+        check_supported(vllm_config)
+        super().__init__(vllm_config, *args, **kwargs)
+        if not isinstance(self.waiting, FCFSRequestQueue):
+            raise TypeError(
+                f"FeatherScheduler needs vLLM's FCFS waiting queue, got {type(self.waiting).__name__}"
+            )
+        self._clock = clock
+        self.admission = Admission.from_config(
+            admission_config(vllm_config.additional_config, self.hash_block_size), clock=clock
+        )
+        self._window_start: float | None = None
+        self._window_end: float | None = None
+        self._window_tokens = 0
+        logger.info(
+            "FeatherScheduler: chunk = block = %d tokens, stopper %s, max_wait_s %s",
+            self.admission.tree.chunk_size,
+            self.admission.stopper.name,
+            self.admission.guard.max_wait_s,
+        )
+
+    # ------------------------------------------------------------------ requests in and out
+
+    def add_request(self, request: Request) -> None:
+        if request.resumable:
+            raise ValueError(
+                f"request {request.request_id!r} is a streaming-input (resumable) session; FeatherScheduler does "
+                "not support those: their prompt grows while they wait, which the CHT cannot follow"
+            )
+        request_id = request.request_id
+        self.admission.enqueue(request_id, hashes=request_chunk_hashes(request_id, request.block_hashes))
+        try:
+            super().add_request(request)
+        except BaseException:
+            self.admission.abort(request_id)
+            raise
+
+    def _preempt_request(self, request: Request, timestamp: float, drop_stale_output: bool = False) -> None:
+        super()._preempt_request(request, timestamp, drop_stale_output)
+        self.admission.retract(request.request_id)
+
+    def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
+        result = super()._free_request(request, delay_free_blocks)
+        self._forget(request.request_id)
+        return result
+
+    def _forget(self, request_id: RequestId) -> None:
+        state = self.admission.tree.state(request_id)
+        if state is RequestState.ACTIVE:
+            self.admission.finish(request_id)
+        elif state is RequestState.WAITING:
+            self.admission.abort(request_id)
+
+    # ------------------------------------------------------------------ one step
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        self._close_window()
+        if self.pause_state is not PauseState.UNPAUSED:
+            return super().schedule(throttle_prefills)  # vLLM admits no waiting request while paused
+        plan = self.admission.select(
+            len(self.running), max_requests=self._num_free_slots(), fits=CapacityEstimate(self).fits
+        )
+        held = self._keep_only(plan.admitted)
+        try:
+            output = super().schedule(throttle_prefills)
+        finally:
+            self.waiting.extend(held)
+        for request_id in plan.admitted:
+            if self.requests[request_id].status is not RequestStatus.RUNNING:
+                self.admission.retract(request_id)
+        return output
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> Any:
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        self._window_tokens += sum(len(token_ids) for token_ids in model_runner_output.sampled_token_ids)
+        self._window_end = self._clock()
+        return outputs
+
+    def shutdown(self) -> None:
+        self.admission.save_state()
+        stats = self.admission.stats
+        logger.info(
+            "FeatherScheduler: %d admitted (%d by the aging bound), %d stops, %d reward windows",
+            stats.num_admitted,
+            stats.num_aged,
+            stats.num_stops,
+            stats.num_windows,
+        )
+        super().shutdown()
+
+    # ------------------------------------------------------------------ internals
+
+    def _num_free_slots(self) -> int:
+        return max(self.max_num_active_reqs - len(self.running) - self.num_waiting_for_streaming_input, 0)
+
+    def _keep_only(self, admitted: Sequence[RequestId]) -> list[Request]:
+        """Leave just the admitted requests in `self.waiting`, in admission order; return the others in order."""
+        rank = {request_id: i for i, request_id in enumerate(admitted)}
+        chosen = sorted((r for r in self.waiting if r.request_id in rank), key=lambda r: rank[r.request_id])
+        held = [r for r in self.waiting if r.request_id not in rank]
+        self.waiting.clear()
+        self.waiting.extend(chosen)
+        return held
+
+    def _close_window(self) -> None:
+        """End the window of the previous schedule() (its decode tokens over its duration) and start the next.
+
+        The window ends at the last update_from_output, not now, so that an idle engine (no schedule() calls
+        while nothing is queued) does not count as a slow window."""
+        now = self._clock()
+        if self._window_start is not None and self._window_end is not None:
+            self.admission.end_window(self._window_tokens, max(self._window_end - self._window_start, 0.0))
+        self._window_start, self._window_end, self._window_tokens = now, None, 0

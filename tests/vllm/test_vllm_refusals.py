@@ -1,0 +1,106 @@
+"""What FeatherScheduler refuses (at construction, with the flag to change) and how vLLM finds the class."""
+
+import subprocess
+import sys
+
+import pytest
+from vllm.config import KVTransferConfig
+from vllm.sampling_params import SamplingParams
+from vllm.utils.import_utils import resolve_obj_by_qualname
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request
+from vllm_harness import EngineShape, make_scheduler, vllm_config
+
+from sglang_feather.admission import ConfigError
+from sglang_feather.vllm import FeatherScheduler, UnsupportedVllmConfig
+
+pytestmark = pytest.mark.vllm
+
+
+def _async(config):
+    config.scheduler_config.async_scheduling = True  # vLLM's default on GPU; the CPU platform turns it off
+
+
+def _kv_connector(config):
+    config.kv_transfer_config = KVTransferConfig(kv_connector="ExampleConnector", kv_role="kv_both")
+
+
+def _pipeline(config):
+    config.parallel_config.pipeline_parallel_size = 2
+
+
+@pytest.mark.parametrize(
+    ("shape", "mutate", "hint"),
+    [
+        (EngineShape(), _async, "--no-async-scheduling"),
+        (EngineShape(policy="priority"), None, "--scheduling-policy fcfs"),
+        (EngineShape(enable_prefix_caching=False), None, "--enable-prefix-caching"),
+        (EngineShape(), _kv_connector, "kv_holding_waiting"),
+        (EngineShape(), _pipeline, "--pipeline-parallel-size 1"),
+    ],
+    ids=["async", "priority", "no-prefix-caching", "kv-connector", "pipeline-parallel"],
+)
+def test_unsupported_features_are_refused_at_construction(shape, mutate, hint):
+    config = vllm_config(shape)
+    if mutate is not None:
+        mutate(config)
+    with pytest.raises(UnsupportedVllmConfig, match=hint):
+        make_scheduler(FeatherScheduler, shape, config=config)
+
+
+def test_every_refused_feature_is_named_at_once():
+    shape = EngineShape(policy="priority", enable_prefix_caching=False)
+    config = vllm_config(shape)
+    _async(config)
+    with pytest.raises(UnsupportedVllmConfig) as info:
+        make_scheduler(FeatherScheduler, shape, config=config)
+    assert [line.split("]")[0] for line in str(info.value).splitlines()[1:]] == [
+        "[async_scheduling",
+        "[priority_policy",
+        "[prefix_caching_off",
+    ]
+
+
+def test_the_same_configuration_is_fine_for_vllms_own_scheduler():
+    shape = EngineShape(policy="priority", enable_prefix_caching=False)
+    assert isinstance(make_scheduler(Scheduler, shape), Scheduler)
+
+
+@pytest.mark.parametrize(
+    ("section", "error", "match"),
+    [
+        ({"chunk_size": 64}, ValueError, "the chunk size is always vLLM's block size"),
+        ({"stoper": "ucb"}, ValueError, "valid keys: stopper, stopper_options"),
+        ({"stopper": "nope"}, ConfigError, "unknown stopper 'nope'"),
+        ({"stopper": "static", "stopper_options": {"max_chunk_loss": -1}}, ConfigError, "max_chunk_loss"),
+        ({"max_wait_s": 0}, ConfigError, "max_wait_s"),
+    ],
+)
+def test_bad_feather_options_are_refused_with_the_valid_choices(section, error, match):
+    with pytest.raises(error, match=match):
+        make_scheduler(FeatherScheduler, EngineShape(feather=section))
+
+
+def test_a_feather_section_that_is_not_an_object_is_refused():
+    config = vllm_config(EngineShape())
+    config.additional_config = {"feather": "ucb"}
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        make_scheduler(FeatherScheduler, EngineShape(), config=config)
+
+
+def test_streaming_input_sessions_are_refused_and_leave_no_trace():
+    scheduler = make_scheduler(FeatherScheduler, EngineShape())
+    request = Request("s", list(range(40)), SamplingParams(max_tokens=2), None, resumable=True)
+    with pytest.raises(ValueError, match="streaming-input"):
+        scheduler.add_request(request)
+    assert not scheduler.requests and not scheduler.waiting and len(scheduler.admission.tree) == 0
+
+
+def test_vllm_resolves_the_dotted_name_and_importing_the_package_does_not_import_vllm():
+    assert resolve_obj_by_qualname("sglang_feather.vllm.FeatherScheduler") is FeatherScheduler
+    assert issubclass(FeatherScheduler, Scheduler)
+    probe = (
+        "import sys, sglang_feather.vllm as m; assert 'vllm' not in sys.modules, 'eager vllm import'; "
+        "m.FeatherScheduler; assert 'vllm' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", probe], check=True, timeout=300)

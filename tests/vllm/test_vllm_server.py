@@ -1,0 +1,90 @@
+"""End to end: vLLM's OpenAI server on the tiny model, default scheduler vs FeatherScheduler (CPU)."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from vllm_harness import require_model
+
+from sglang_feather.admission import DEFAULT_STOPPER
+from sglang_feather.vllm.compare import HEADER, Measurement, free_port, measure
+from sglang_feather.vllm.server import FEATHER_SCHEDULER, Server, ServerSpec
+from sglang_feather.vllm.workload import SharedPrefixWorkload
+
+pytestmark = [pytest.mark.vllm, pytest.mark.server]
+
+WORKLOAD = SharedPrefixWorkload(
+    num_groups=8, prompts_per_group=25, prefix_len=128, question_len=16, output_len=16
+)
+CONCURRENCY = 200
+"""Every request in flight at once; with --max-num-seqs 32 the waiting queue is what the schedulers order."""
+
+
+def spec(**overrides) -> ServerSpec:
+    return ServerSpec(model=str(require_model()), block_size=32, max_num_seqs=32, **overrides)
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory) -> Measurement:
+    """vLLM's own scheduler, served, measured and shut down before Feather's server starts."""
+    log = tmp_path_factory.mktemp("vllm-default") / "server.log"
+    with Server(spec(), port=free_port(), log_path=log) as server:
+        return measure(server, "default", WORKLOAD, CONCURRENCY)
+
+
+@pytest.fixture(scope="module")
+def feather_server(tmp_path_factory, default_run):
+    folder = tmp_path_factory.mktemp("vllm-feather")
+    options = {"state_path": str(folder / "stopper-state.json")}
+    server = Server(
+        spec(scheduler_cls=FEATHER_SCHEDULER, feather=options),
+        port=free_port(),
+        log_path=folder / "server.log",
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def feather_run(feather_server) -> Measurement:
+    return measure(feather_server, "feather", WORKLOAD, CONCURRENCY)
+
+
+def test_feather_serves_every_request(feather_run):
+    failures = [c.error for c in feather_run.result.completions if c.error is not None]
+    assert not failures, failures[:3]
+    assert len(feather_run.result.completions) == WORKLOAD.num_requests
+    assert {(c.num_tokens, c.finish_reason) for c in feather_run.result.completions} == {(16, "length")}
+
+
+def test_feather_greedy_outputs_equal_the_default_schedulers(default_run, feather_run):
+    assert default_run.result.num_failed == 0
+    mismatched = [
+        i
+        for i, (a, b) in enumerate(zip(default_run.result.texts, feather_run.result.texts, strict=True))
+        if a != b
+    ]
+    assert not mismatched, (
+        f"{len(mismatched)} of {WORKLOAD.num_requests} differ, e.g. request {mismatched[0]}"
+    )
+    print(f"\nCPU, tiny model, {WORKLOAD.num_requests} requests, {CONCURRENCY} concurrent:\n{HEADER}")
+    print(default_run.row())
+    print(feather_run.row())
+
+
+def test_the_engine_ran_feathers_scheduler(feather_server, feather_run):
+    log = feather_server.log_path.read_text(errors="replace")
+    assert f"Using custom scheduler class {FEATHER_SCHEDULER}" in log
+    assert f"FeatherScheduler: chunk = block = 32 tokens, stopper {DEFAULT_STOPPER}" in log
+    assert feather_run.num_cache_hits > 0
+
+
+def test_sigterm_shuts_the_server_down_cleanly_and_saves_the_learned_state(feather_server, feather_run):
+    state = Path(feather_server.spec.feather["state_path"])
+    assert not state.exists()
+    assert feather_server.stop() == 0, feather_server.log_tail()
+    assert not feather_server.is_running()
+    assert re.search(r"FeatherScheduler: \d+ admitted", feather_server.log_path.read_text(errors="replace"))
+    assert json.loads(state.read_text())
