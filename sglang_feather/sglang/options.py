@@ -9,14 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_feather.admission import Admission, AdmissionConfig
+from sglang_feather.admission import DEFAULT_STOPPER, Admission, AdmissionConfig
 from sglang_feather.cht import DEFAULT_CHUNK_SIZE
 from sglang_feather.policy.aging import DEFAULT_MAX_WAIT_S
 
 FEATHER = "feather"
 """The `--schedule-policy` value this package adds."""
-
-DEFAULT_STOPPER = "ucb"
 
 _ATTR = "_feather_options"
 """Bookkeeping attribute on SGLang's `ServerArgs`: not a config field, but pickled to the scheduler process."""

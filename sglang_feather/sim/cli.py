@@ -6,6 +6,7 @@ import argparse
 import json
 from dataclasses import fields
 
+from sglang_feather.admission import DEFAULT_STOPPER
 from sglang_feather.cht import DEFAULT_CHUNK_SIZE
 from sglang_feather.policy import DEFAULT_MAX_WAIT_S, policy_names
 from sglang_feather.sim import profile
@@ -98,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = p.add_argument_group("policies")
     s.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, from {sorted(POLICIES)}")
-    s.add_argument("--stopper", choices=policy_names(), default="static", help="feather: stopping policy")
+    s.add_argument(
+        "--stopper", choices=policy_names(), default=DEFAULT_STOPPER, help="feather: stopping policy"
+    )
     s.add_argument(
         "--stopper-option",
         type=_option,
