@@ -85,7 +85,9 @@ class ReferenceTree:
             before = after = len(path)
         else:
             after = 0
-            while after < min(self.shared_depth(), len(path)) and all(p[after] == path[after] for p in active):
+            while after < min(self.shared_depth(), len(path)) and all(
+                p[after] == path[after] for p in active
+            ):
                 after += 1
             before = self.shared_depth() if len(active) > 1 else after
         sharing = (
