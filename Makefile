@@ -4,11 +4,12 @@ VENV       ?= .venv
 VENV_VLLM  ?= .venv-vllm
 PY         := $(VENV)/bin/python
 PY_VLLM    := $(VENV_VLLM)/bin/python
-MODEL      ?= models/tiny-llama
+TINY_MODEL := models/tiny-llama
+MODEL      ?= $(TINY_MODEL)
 STRESS_OPS ?= 1000000
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-sglang setup-vllm model test test-core test-vllm lint bench stress demo sim sim-paper policy-figures kernels-smoke clean
+.PHONY: setup setup-sglang setup-vllm model test test-core test-vllm lint bench stress demo sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
 
 setup: setup-sglang setup-vllm model
 
@@ -22,9 +23,9 @@ $(VENV_VLLM)/.feather-setup: scripts/setup_vllm_venv.sh requirements/dev.txt pyp
 	bash scripts/setup_vllm_venv.sh $(VENV_VLLM)
 	touch $@
 
-model: $(MODEL)/config.json
-$(MODEL)/config.json: scripts/make_tiny_model.py | $(VENV)/.feather-setup
-	$(PY) scripts/make_tiny_model.py $(MODEL)
+model: $(TINY_MODEL)/config.json
+$(TINY_MODEL)/config.json: scripts/make_tiny_model.py | $(VENV)/.feather-setup
+	$(PY) scripts/make_tiny_model.py $(TINY_MODEL)
 
 test: setup
 	$(PY) -m pytest tests --ignore=tests/vllm $(PYTEST_ARGS)
@@ -46,8 +47,11 @@ bench: setup-sglang
 stress: setup-sglang
 	$(PY) -m sglang_feather.cht.stress --ops $(STRESS_OPS) --seed 0
 
-demo: setup
+demo: setup-sglang model
 	$(PY) -m sglang_feather.demo --model $(MODEL)
+
+serving-bench-dry: setup-sglang model
+	$(PY) -m kernels_bench.serving --dry-small
 
 sim: setup-sglang
 	$(PY) -m sglang_feather.sim --help

@@ -17,7 +17,8 @@ from kernels_bench.serving.workloads import DRY_SMALL, WorkloadPlan, build_workl
 from sglang_feather.serving import BenchConfig, ServerSpec, format_table, run_policies
 from sglang_feather.serving.process import exit_on_sigterm
 
-POLICIES = ("fcfs", "lpm", "dfs-weight", "feather")
+FEATHER = "feather"
+POLICIES = ("fcfs", "lpm", "dfs-weight", FEATHER)
 TINY_MODEL = "models/tiny-llama"
 
 
@@ -43,6 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-concurrency", type=int, default=None, help="default: every request at once")
     parser.add_argument("--request-rate", type=float, default=None, help="default: inf")
     parser.add_argument("--server-args", default="", help="extra flags for every server (quoted)")
+    parser.add_argument("--feather-args", default="", help="extra flags for the feather server only (quoted)")
     parser.add_argument("--out", type=Path, default=None, help="default results/serving/<profile>-<date>")
     parser.add_argument(
         "--dry-small",
@@ -71,6 +73,10 @@ def workload_plan(args: argparse.Namespace) -> WorkloadPlan:
     )
 
 
+def policy_args(policy: str, args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(shlex.split(args.feather_args)) if policy == FEATHER else ()
+
+
 def gpu_name() -> str | None:
     if not shutil.which("nvidia-smi"):
         return None
@@ -90,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     config = BenchConfig(max_concurrency=args.max_concurrency, request_rate=args.request_rate)
     extra = profile.server_args + tuple(shlex.split(args.server_args))
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    specs = [ServerSpec(args.model, policy, device=profile.device, extra_args=extra) for policy in policies]
+    specs = [
+        ServerSpec(args.model, policy, device=profile.device, extra_args=extra + policy_args(policy, args))
+        for policy in policies
+    ]
     print(f"serving bench: {args.model} on {args.profile}; policies {policies}; out {out}", flush=True)
     for workload in workloads:
         print(f"  {workload.name}: {workload.num_requests} requests", flush=True)
@@ -104,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             "profile": args.profile,
             "profile_description": profile.description,
             "server_args": list(extra),
+            "feather_args": shlex.split(args.feather_args),
             "gpu": gpu_name(),
             "sglang": importlib.metadata.version("sglang"),
             "date": now.isoformat(timespec="seconds"),
@@ -127,4 +137,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted: every server was stopped", file=sys.stderr)
+        sys.exit(130)

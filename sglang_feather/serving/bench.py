@@ -1,0 +1,215 @@
+"""Run SGLang's own bench_serving client against a server and parse its JSON result."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from sglang_feather.serving.process import ProcessGroup
+
+BENCH_MODULE = "sglang.benchmark.serving"
+
+
+class BenchError(RuntimeError):
+    """bench_serving failed or wrote no usable result."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A generated-shared-prefix workload: `num_groups` system prompts, each shared by `prompts_per_group`."""
+
+    name: str
+    num_groups: int
+    prompts_per_group: int
+    system_prompt_len: int
+    question_len: int
+    output_len: int
+
+    def __post_init__(self) -> None:
+        for key in ("num_groups", "prompts_per_group", "system_prompt_len", "question_len", "output_len"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"Workload.{key} must be >= 1, got {getattr(self, key)}")
+
+    @property
+    def num_requests(self) -> int:
+        return self.num_groups * self.prompts_per_group
+
+    @classmethod
+    def no_sharing(cls, name: str, num_requests: int, prompt_len: int, output_len: int) -> "Workload":
+        """Every request gets its own random system prompt: nothing is shared."""
+        return cls(name, num_requests, 1, prompt_len, 1, output_len)
+
+    def dataset_args(self) -> list[str]:
+        return [
+            "--dataset-name",
+            "generated-shared-prefix",
+            "--gsp-num-groups",
+            str(self.num_groups),
+            "--gsp-prompts-per-group",
+            str(self.prompts_per_group),
+            "--gsp-system-prompt-len",
+            str(self.system_prompt_len),
+            "--gsp-question-len",
+            str(self.question_len),
+            "--gsp-output-len",
+            str(self.output_len),
+        ]
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    max_concurrency: int | None = None
+    request_rate: float | None = None
+    seed: int = 1
+    warmup_requests: int = 1
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    workload: str
+    num_requests: int
+    completed: int
+    duration_s: float
+    request_throughput: float
+    output_throughput: float
+    total_throughput: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tpot_p50_ms: float
+    tpot_p99_ms: float
+    cache_hit_rate: float | None
+
+    @property
+    def num_failed(self) -> int:
+        return self.num_requests - self.completed
+
+    @classmethod
+    def from_record(cls, record: Mapping, workload: Workload) -> "BenchResult":
+        try:
+            cache = record.get("cache_report")
+            return cls(
+                workload=workload.name,
+                num_requests=workload.num_requests,
+                completed=int(record["completed"]),
+                duration_s=float(record["duration"]),
+                request_throughput=float(record["request_throughput"]),
+                output_throughput=float(record["output_throughput"]),
+                total_throughput=float(record["total_throughput"]),
+                ttft_p50_ms=float(record["median_ttft_ms"]),
+                ttft_p99_ms=float(record["p99_ttft_ms"]),
+                tpot_p50_ms=float(record["median_tpot_ms"]),
+                tpot_p99_ms=float(record["p99_tpot_ms"]),
+                cache_hit_rate=float(cache["cache_hit_rate_pct"]) / 100 if cache else None,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BenchError(f"bench_serving record lacks or mangles {exc}: keys {sorted(record)}") from exc
+
+
+def read_result(path: Path, workload: Workload) -> BenchResult:
+    """The last JSON line of a bench_serving --output-file (the tool appends one line per run)."""
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+    except FileNotFoundError as exc:
+        raise BenchError(f"bench_serving wrote no result file {path}") from exc
+    if not lines:
+        raise BenchError(f"bench_serving result file {path} is empty")
+    try:
+        record = json.loads(lines[-1])
+    except json.JSONDecodeError as exc:
+        raise BenchError(f"bench_serving result file {path} is not JSON lines: {exc}") from exc
+    return BenchResult.from_record(record, workload)
+
+
+def bench_argv(
+    base_url: str, model: str, tokenizer: str, workload: Workload, config: BenchConfig, *, backend: str
+) -> list[str]:
+    argv = [
+        "--backend",
+        backend,
+        "--base-url",
+        base_url,
+        "--model",
+        model,
+        "--tokenizer",
+        tokenizer,
+        *workload.dataset_args(),
+        "--seed",
+        str(config.seed),
+        "--warmup-requests",
+        str(config.warmup_requests),
+        "--cache-report",
+        "--disable-tqdm",
+    ]
+    if config.max_concurrency is not None:
+        argv += ["--max-concurrency", str(config.max_concurrency)]
+    if config.request_rate is not None:
+        argv += ["--request-rate", str(config.request_rate)]
+    return argv + list(config.extra_args)
+
+
+def bench_env(base_env: Mapping[str, str], tokenizer: str, cache_root: Path) -> dict[str, str]:
+    """Offline env whose HOME is private to the tokenizer.
+
+    bench_serving caches generated prompts under ~/.cache keyed by the tokenizer's class name only, so two
+    models with the same tokenizer class would share (wrongly sized) prompts; a per-tokenizer HOME avoids it.
+    """
+    home = Path(base_env.get("HOME", str(Path.home())))
+    tag = hashlib.sha1(os.path.abspath(tokenizer).encode()).hexdigest()[:12]
+    env = dict(base_env)
+    env.setdefault("HF_HOME", str(home / ".cache" / "huggingface"))
+    env["HOME"] = str(cache_root / tag)
+    env["HF_HUB_OFFLINE"] = "1"
+    env["PYTHONWARNINGS"] = "ignore::FutureWarning"
+    return env
+
+
+@dataclass(frozen=True)
+class BenchTarget:
+    base_url: str
+    model: str
+    tokenizer: str
+    backend: str = "sglang"
+
+
+def run_bench(
+    target: BenchTarget,
+    workload: Workload,
+    config: BenchConfig,
+    out_dir: Path,
+    *,
+    python: str = sys.executable,
+    timeout_s: float = 3600.0,
+) -> BenchResult:
+    """Run bench_serving to completion (killing its process group on any failure) and parse its result."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result_path = out_dir / f"{workload.name}.jsonl"
+    result_path.unlink(missing_ok=True)
+    argv = [
+        python,
+        "-m",
+        BENCH_MODULE,
+        *bench_argv(
+            target.base_url, target.model, target.tokenizer, workload, config, backend=target.backend
+        ),
+        "--output-file",
+        str(result_path),
+    ]
+    env = bench_env(os.environ, target.tokenizer, Path.home() / ".cache" / "sglang-feather" / "bench-home")
+    group = ProcessGroup(argv, env=env, log_path=out_dir / f"{workload.name}.bench.log")
+    try:
+        exit_code = group.wait(timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        group.stop(grace_s=5.0)
+        raise BenchError(f"bench_serving still running after {timeout_s:.0f} s\n{group.log_tail()}") from exc
+    except BaseException:
+        group.stop(grace_s=5.0)
+        raise
+    group.stop(grace_s=5.0)
+    if exit_code != 0:
+        raise BenchError(f"bench_serving exited with code {exit_code}\n{group.log_tail()}")
+    return read_result(result_path, workload)

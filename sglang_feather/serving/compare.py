@@ -1,0 +1,135 @@
+"""Serve one policy, drive it with each workload in turn, and collect bench results plus scheduler metrics."""
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from sglang_feather.serving.bench import (
+    BenchConfig,
+    BenchError,
+    BenchResult,
+    BenchTarget,
+    Workload,
+    run_bench,
+)
+from sglang_feather.serving.metrics import MetricsError, MetricsSnapshot, scrape
+from sglang_feather.serving.process import stop_all
+from sglang_feather.serving.server import Server, ServerSpec, ServerStartError
+
+
+class ServerDied(RuntimeError):
+    """The server exited while a benchmark was running against it."""
+
+
+FEATHER_PASS_SECONDS = "sglang:feather_pass_seconds_sum"
+"""Sum of the plugin's per-pass time histogram (sglang_feather/sglang/metrics.py)."""
+
+RUN_ERRORS = (ServerStartError, BenchError, ServerDied, MetricsError)
+"""What a failed policy run raises (anything else is a bug or an interrupt and propagates)."""
+
+
+@dataclass(frozen=True)
+class WorkloadRun:
+    policy: str
+    bench: BenchResult
+    feather: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def feather_pass_s(self) -> float | None:
+        """Feather's own scheduler-pass seconds; None when the server exports no Feather metrics."""
+        return self.feather.get(FEATHER_PASS_SECONDS)
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    policy: str
+    startup_s: float
+    runs: tuple[WorkloadRun, ...]
+
+
+def feather_counters(delta: MetricsSnapshot) -> dict[str, float]:
+    """Every Feather sample summed over labels (histogram buckets and creation stamps left out)."""
+    names = [n for n in delta.names("feather") if not n.endswith(("_bucket", "_created"))]
+    return {n: delta.total(n) or 0.0 for n in names}
+
+
+def measure(base_url: str, before: MetricsSnapshot, policy: str, bench: BenchResult) -> WorkloadRun:
+    delta = scrape(base_url).minus(before)
+    return WorkloadRun(policy=policy, bench=bench, feather=feather_counters(delta))
+
+
+def run_policy(
+    spec: ServerSpec,
+    workloads: Sequence[Workload],
+    config: BenchConfig,
+    out_dir: Path,
+    *,
+    tokenizer: str | None = None,
+    python: str = sys.executable,
+) -> PolicyRun:
+    """One server for `spec.policy`; the prefix cache is flushed before each workload after the first."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = []
+    with Server(spec, log_path=out_dir / "server.log", python=python) as server:
+        target = BenchTarget(
+            server.base_url, spec.model, tokenizer or spec.model, server.engine.bench_backend
+        )
+        for index, workload in enumerate(workloads):
+            flush = ("--flush-cache",) if index else ()
+            run_config = replace(config, extra_args=config.extra_args + flush)
+            before = scrape(server.base_url)
+            bench = run_bench(target, workload, run_config, out_dir, python=python)
+            if not server.is_running():
+                raise ServerDied(f"{spec.policy} server exited during {workload.name}\n{server.log_tail()}")
+            runs.append(measure(server.base_url, before, spec.policy, bench))
+        assert server.startup_s is not None
+        return PolicyRun(spec.policy, server.startup_s, tuple(runs))
+
+
+@dataclass(frozen=True)
+class PolicyFailure:
+    policy: str
+    error: str
+
+
+def run_policies(
+    specs: Sequence[ServerSpec],
+    workloads: Sequence[Workload],
+    config: BenchConfig,
+    out_dir: Path,
+    *,
+    tokenizer: str | None = None,
+    parallel: bool = False,
+    progress: Callable[[str], None] = lambda line: None,
+) -> tuple[list[PolicyRun], list[PolicyFailure]]:
+    """Each policy on its own server, one after another; a policy that fails is reported and the rest go on.
+
+    `parallel` overlaps the policies: for smoke tests only, since the measurements then disturb each other.
+    """
+
+    def one(spec: ServerSpec) -> PolicyRun | PolicyFailure:
+        progress(f"[{spec.policy}] starting server")
+        try:
+            run = run_policy(spec, workloads, config, out_dir / spec.policy, tokenizer=tokenizer)
+        except RUN_ERRORS as err:
+            progress(f"[{spec.policy}] FAILED: {err}")
+            return PolicyFailure(spec.policy, str(err))
+        progress(f"[{spec.policy}] server ready in {run.startup_s:.1f} s; {len(run.runs)} workload(s) done")
+        return run
+
+    if parallel:
+        with ThreadPoolExecutor(max_workers=max(1, len(specs))) as pool:
+            futures = [pool.submit(one, spec) for spec in specs]
+            try:
+                outcomes = [future.result() for future in futures]
+            except BaseException:
+                # Worker threads block on their servers and benches; stop those groups so the threads end.
+                stop_all()
+                raise
+    else:
+        outcomes = [one(spec) for spec in specs]
+    runs = [o for o in outcomes if isinstance(o, PolicyRun)]
+    failures = [o for o in outcomes if isinstance(o, PolicyFailure)]
+    return runs, failures

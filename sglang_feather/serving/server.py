@@ -1,0 +1,230 @@
+"""Launch an LLM server for one scheduling policy, wait until it serves, and shut it down as a process group."""
+
+import os
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sglang_feather.serving.process import ProcessGroup
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or never became healthy; carries the tail of its log."""
+
+    def __init__(self, message: str, exit_code: int | None, log_tail: str) -> None:
+        super().__init__(f"{message}\n--- server log (tail) ---\n{log_tail}")
+        self.exit_code = exit_code
+        self.log_tail = log_tail
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    model: str
+    policy: str
+    engine: str = "sglang"
+    device: str = "cpu"
+    extra_args: tuple[str, ...] = ()
+    port: int | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Engine:
+    build_argv: Callable[[ServerSpec, str, int], list[str]]
+    devices: Mapping[str, DeviceProfile]
+    health_path: str
+    bench_backend: str
+
+
+def _sglang_argv(spec: ServerSpec, python: str, port: int) -> list[str]:
+    return [
+        python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        spec.model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--schedule-policy",
+        spec.policy,
+        "--enable-metrics",
+    ]
+
+
+SGLANG_DEVICES = {
+    # SGLang's CPU path with the project's scaffolding (scaffold/cpu): no sgl_kernel op runs for a Llama.
+    # --sleep-on-idle: an idle scheduler otherwise spins on a whole core, starving its neighbours.
+    "cpu": DeviceProfile(
+        args=(
+            "--sleep-on-idle",
+            "--device",
+            "cpu",
+            "--attention-backend",
+            "torch_native",
+            "--sampling-backend",
+            "pytorch",
+            "--disable-cuda-graph",
+            "--page-size",
+            "16",
+            "--max-total-tokens",
+            "65536",
+            "--mem-fraction-static",
+            "0.1",
+        ),
+        env={"SGLANG_USE_CPU_ENGINE": "1"},
+    ),
+    "cuda": DeviceProfile(args=(), env={}),
+}
+
+ENGINES: dict[str, Engine] = {
+    "sglang": Engine(
+        build_argv=_sglang_argv,
+        devices=SGLANG_DEVICES,
+        health_path="/health_generate",
+        bench_backend="sglang",
+    ),
+}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def lookup_engine(spec: ServerSpec) -> tuple[Engine, DeviceProfile]:
+    if spec.engine not in ENGINES:
+        raise ValueError(f"unknown engine {spec.engine!r}; known: {sorted(ENGINES)}")
+    engine = ENGINES[spec.engine]
+    if spec.device not in engine.devices:
+        raise ValueError(f"unknown device {spec.device!r} for {spec.engine}; known: {sorted(engine.devices)}")
+    return engine, engine.devices[spec.device]
+
+
+class Server:
+    """One server process group; use as a context manager or call `start`/`stop`."""
+
+    def __init__(
+        self,
+        spec: ServerSpec,
+        *,
+        log_path: Path,
+        python: str = sys.executable,
+        startup_timeout_s: float = 300.0,
+        base_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.engine, self.device = lookup_engine(spec)
+        self.port = spec.port or free_port()
+        self.log_path = log_path
+        self.python = python
+        self.startup_timeout_s = startup_timeout_s
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.startup_s: float | None = None
+        self._group: ProcessGroup | None = None
+        self._began = 0.0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def argv(self) -> list[str]:
+        return [
+            *self.engine.build_argv(self.spec, self.python, self.port),
+            *self.device.args,
+            *self.spec.extra_args,
+        ]
+
+    def start(self) -> float:
+        """Launch and block until the health endpoint answers 200; returns the seconds it took."""
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the process group without waiting (several servers can then warm up side by side)."""
+        if self._group is not None:
+            raise RuntimeError(f"server for {self.spec.policy!r} already launched")
+        env = {**self.base_env, **self.device.env, **self.spec.env}
+        self._began = time.monotonic()
+        self._group = ProcessGroup(self.argv, env=env, log_path=self.log_path)
+
+    def wait_ready(self) -> float:
+        """Block until healthy (stopping the group and raising ServerStartError otherwise)."""
+        try:
+            self._wait_healthy(self._began)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - self._began
+        return self.startup_s
+
+    def stop(self) -> int | None:
+        if self._group is None:
+            return None
+        group, self._group = self._group, None
+        return group.stop()
+
+    def is_running(self) -> bool:
+        return self._group is not None and self._group.poll() is None
+
+    def log_tail(self, num_lines: int = 40) -> str:
+        return self._group.log_tail(num_lines) if self._group else _read_tail(self.log_path, num_lines)
+
+    def __enter__(self) -> "Server":
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _wait_healthy(self, began: float) -> None:
+        if self._group is None:
+            raise RuntimeError("wait_ready() before launch()")
+        url = self.base_url + self.engine.health_path
+        while True:
+            exit_code = self._group.poll()
+            if exit_code is not None:
+                raise ServerStartError(
+                    f"{self.spec.engine} server (policy {self.spec.policy!r}) exited with code {exit_code} "
+                    "during startup",
+                    exit_code,
+                    self._group.log_tail(),
+                )
+            if time.monotonic() - began > self.startup_timeout_s:
+                raise ServerStartError(
+                    f"{self.spec.engine} server not healthy after {self.startup_timeout_s:.0f} s at {url}",
+                    None,
+                    self._group.log_tail(),
+                )
+            if _answers_ok(url):
+                return
+            time.sleep(0.5)
+
+
+def _answers_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def _read_tail(path: Path, num_lines: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-num_lines:])
+    except FileNotFoundError:
+        return ""

@@ -1,0 +1,53 @@
+"""Fixtures for end-to-end tests against real SGLang servers on the tiny model (one server per module)."""
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import sglang  # noqa: F401  (a missing SGLang must fail these tests, never skip them)
+
+from sglang_feather.serving import Server, ServerSpec
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_MODEL = REPO / "models" / "tiny-llama"
+STARTUP_TIMEOUT_S = 240.0
+_STARTUPS: list[tuple[str, float]] = []
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> str:
+    if not (TINY_MODEL / "config.json").is_file():
+        pytest.fail(f"{TINY_MODEL} does not exist: run `make model` (part of `make setup`)")
+    return str(TINY_MODEL)
+
+
+@contextmanager
+def serving(
+    log_dir: Path, model: str, policies_and_args: Sequence[tuple[str, tuple[str, ...]]]
+) -> Iterator[list[Server]]:
+    """Launch every server at once, wait for all, and stop them all on the way out."""
+    servers = [
+        Server(
+            ServerSpec(model=model, policy=policy, extra_args=args),
+            log_path=log_dir / f"{policy}-{index}.log",
+            startup_timeout_s=STARTUP_TIMEOUT_S,
+        )
+        for index, (policy, args) in enumerate(policies_and_args)
+    ]
+    try:
+        for server in servers:
+            server.launch()
+        for server in servers:
+            _STARTUPS.append((server.spec.policy, server.wait_ready()))
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _STARTUPS:
+        terminalreporter.write_line(
+            "e2e server startups: " + ", ".join(f"{policy} {seconds:.1f}s" for policy, seconds in _STARTUPS)
+        )

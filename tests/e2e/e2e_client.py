@@ -1,0 +1,97 @@
+"""Async HTTP client for SGLang's native /generate API and shared-prefix prompt construction."""
+
+import asyncio
+import json
+import random
+import urllib.request
+from collections.abc import Sequence
+
+import aiohttp
+
+FIRST_ORDINARY_TOKEN = 4  # ids 0-3 are the tiny tokenizer's special tokens
+VOCAB_SIZE = 1024
+
+
+def shared_prefix_prompts(
+    num_groups: int, per_group: int, prefix_len: int, suffix_lens: tuple[int, int], seed: int
+) -> list[list[int]]:
+    """`num_groups` random prefixes, each followed by `per_group` random suffixes; groups interleaved."""
+    rng = random.Random(seed)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(FIRST_ORDINARY_TOKEN, VOCAB_SIZE) for _ in range(n)]
+
+    prefixes = [ids(prefix_len) for _ in range(num_groups)]
+    prompts = [prefix + ids(rng.randint(*suffix_lens)) for _ in range(per_group) for prefix in prefixes]
+    return prompts
+
+
+def greedy_payload(input_ids: list[int], max_new_tokens: int, **extra) -> dict:
+    params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+    return {"input_ids": input_ids, "sampling_params": params, **extra}
+
+
+async def _post_text(session: aiohttp.ClientSession, url: str, payload: dict) -> str:
+    async with session.post(url, json=payload) as response:
+        body = await response.text()
+        if response.status != 200:
+            raise AssertionError(f"{url} answered {response.status}: {body[:500]}")
+        return body
+
+
+async def _post(session: aiohttp.ClientSession, url: str, payload: dict) -> dict:
+    return json.loads(await _post_text(session, url, payload))
+
+
+def _session(timeout_s: float) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=timeout_s)
+    )
+
+
+def generate_all(base_url: str, payloads: Sequence[dict], timeout_s: float = 600.0) -> list[dict]:
+    """Send every payload at once (no client-side concurrency limit) and return the responses in order."""
+
+    async def run() -> list[dict]:
+        async with _session(timeout_s) as session:
+            return await asyncio.gather(*(_post(session, base_url + "/generate", p) for p in payloads))
+
+    return asyncio.run(run())
+
+
+def client_session(timeout_s: float = 300.0) -> aiohttp.ClientSession:
+    return _session(timeout_s)
+
+
+async def stream_until_told(
+    session: aiohttp.ClientSession, base_url: str, payload: dict, leave: asyncio.Event, *, abort: bool
+) -> int:
+    """Stream (counting chunks) until `leave` is set, then POST /abort_request (abort=True) or drop the
+    connection; returns the number of chunks that arrived before leaving."""
+    seen = 0
+
+    async def consume(response: aiohttp.ClientResponse) -> None:
+        nonlocal seen
+        async for line in response.content:
+            if line.startswith(b"data:") and b"[DONE]" not in line:
+                seen += 1
+
+    async with session.post(base_url + "/generate", json={**payload, "stream": True}) as response:
+        if response.status != 200:
+            raise AssertionError(f"streaming /generate answered {response.status}")
+        reader = asyncio.create_task(consume(response))
+        await leave.wait()
+        reader.cancel()
+        if abort:
+            await _post_text(session, base_url + "/abort_request", {"rid": payload["rid"]})
+        else:
+            response.close()
+    return seen
+
+
+def post_json(base_url: str, path: str, body: dict, timeout_s: float = 60.0) -> str:
+    request = urllib.request.Request(
+        base_url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return response.read().decode()

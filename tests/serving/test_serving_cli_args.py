@@ -1,0 +1,56 @@
+"""Server command lines built by the harness, the demo and the serving benchmark parse with SGLang's own parser."""
+
+import argparse
+
+import pytest
+from sglang.srt.plugins import load_plugins
+from sglang.srt.server_args import ServerArgs
+
+from kernels_bench.serving.profiles import PROFILES
+from kernels_bench.serving.workloads import DRY_SMALL, WorkloadPlan, build_workloads
+from sglang_feather.serving import Server, ServerSpec
+
+
+def sglang_parse(argv: list[str]) -> argparse.Namespace:
+    load_plugins()
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return parser.parse_args(argv)
+
+
+def server_flags(spec: ServerSpec, tmp_path) -> list[str]:
+    argv = Server(spec, log_path=tmp_path / "s.log", python="python").argv
+    assert argv[:3] == ["python", "-m", "sglang.launch_server"]
+    return argv[3:]
+
+
+def test_cpu_server_flags(tmp_path):
+    spec = ServerSpec("models/tiny-llama", "lpm", extra_args=("--max-running-requests", "8"), port=4321)
+    args = sglang_parse(server_flags(spec, tmp_path))
+    assert (args.model_path, args.schedule_policy, args.port, args.host) == (
+        "models/tiny-llama",
+        "lpm",
+        4321,
+        "127.0.0.1",
+    )
+    assert (args.device, args.attention_backend, args.sampling_backend) == ("cpu", "torch_native", "pytorch")
+    assert args.enable_metrics and args.disable_cuda_graph and args.sleep_on_idle
+    assert args.max_running_requests == 8
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_every_machine_profile_parses_with_feather(tmp_path, profile):
+    machine = PROFILES[profile]
+    spec = ServerSpec("some/model", "feather", device=machine.device, extra_args=machine.server_args)
+    args = sglang_parse(server_flags(spec, tmp_path))
+    assert args.schedule_policy == "feather"
+    assert args.max_running_requests is not None
+
+
+def test_paper_workloads():
+    workloads = build_workloads(WorkloadPlan())
+    assert [w.name for w in workloads] == ["shared-1024", "shared-4096", "shared-10240", "no-sharing"]
+    assert all(w.num_requests == 800 for w in workloads)
+    assert workloads[-1].prompts_per_group == 1
+    assert [w.name for w in build_workloads(DRY_SMALL)] == ["shared-128", "no-sharing"]
+    assert build_workloads(WorkloadPlan(no_sharing_len=None))[-1].name == "shared-10240"
