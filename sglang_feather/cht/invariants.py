@@ -68,11 +68,16 @@ def _check_lower_bounds(tree: ChunkedHashTree) -> None:
             slot = (id(node), id(entry[4]))
             if slot not in smallest or entry[:3] < smallest[slot]:
                 smallest[slot] = entry[:3]
-    global_min: dict[int, tuple] = {}
+    live_global: dict[int, tuple] = {}
     for entry in tree._global:
         node = entry[4]
-        if id(node) not in global_min or entry[:3] < global_min[id(node)]:
-            global_min[id(node)] = entry[:3]
+        if entry[:3] == node.global_key:
+            live_global[id(node)] = entry[:3]
+    for node in [tree._root, *tree._nodes.values()]:
+        _require(
+            node.global_key is None or live_global.get(id(node)) == node.global_key,
+            f"node at depth {node.depth} records a global key with no entry in the global heap",
+        )
     for req in tree._requests.values():
         if req.state is not RequestState.WAITING:
             continue
@@ -85,7 +90,7 @@ def _check_lower_bounds(tree: ChunkedHashTree) -> None:
             hop = smallest.get((id(parent), id(node)))
             _require(hop is not None and hop <= key, f"{req.id!r} unreachable above depth {node.depth}")
             node = parent
-        bound = global_min.get(id(node))
+        bound = live_global.get(id(node))
         _require(
             bound is not None and bound <= (key[0] - node.depth, *key[1:]),
             f"no global entry bounds {req.id!r} (working-set node at depth {node.depth})",

@@ -14,7 +14,17 @@ class RequestState(enum.Enum):
 
 
 class PrefixNode:
-    __slots__ = ("hash", "parent", "depth", "num_active", "num_waiting", "candidates", "best", "is_alive")
+    __slots__ = (
+        "hash",
+        "parent",
+        "depth",
+        "num_active",
+        "num_waiting",
+        "candidates",
+        "best",
+        "global_key",
+        "is_alive",
+    )
 
     def __init__(self, chunk_hash: ChunkHash | None, parent: PrefixNode | None, depth: int):
         self.hash = chunk_hash
@@ -24,6 +34,8 @@ class PrefixNode:
         self.num_waiting = 0
         self.candidates: list[tuple] = []
         self.best: tuple | None = None
+        self.global_key: tuple | None = None
+        """Key of this node's one live entry in the tree's global heap (None: no entry needed)."""
         self.is_alive = True
 
 
@@ -81,10 +93,13 @@ def compacted_global(heap: list[tuple]) -> list[tuple]:
     kept: dict[int, tuple] = {}
     for entry in heap:
         node = entry[4]
+        node.global_key = None
         if (node.parent is None or (node.is_alive and node.num_active > 0)) and (
             id(node) not in kept or entry < kept[id(node)]
         ):
             kept[id(node)] = entry
     compacted = list(kept.values())
+    for entry in compacted:
+        entry[4].global_key = entry[:3]
     heapq.heapify(compacted)
     return compacted

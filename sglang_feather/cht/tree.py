@@ -188,13 +188,13 @@ class ChunkedHashTree:
             raise DuplicateRequest(f"request {request_id!r} is already in the tree")
         if not hashes:
             raise EmptyPrompt(f"request {request_id!r} has no chunks")
-        path = self._build_path(hashes)
+        path, num_existing = self._build_path(hashes)
         seq = next(self._seq)
         req = TrackedRequest(request_id, path, float(seq) if arrival is None else float(arrival), seq)
         self._requests[request_id] = req
         for node in path:
             node.num_waiting += 1
-        self._offer(req)
+        self._offer(req, num_existing)
         heapq.heappush(self._by_arrival, (req.arrival, seq, req))
         self._best_valid = False
         return len(path)
@@ -279,8 +279,8 @@ class ChunkedHashTree:
             raise InvalidTransition(f"request {request_id!r} is {req.state.value}, expected {state.value}")
         return req
 
-    def _build_path(self, hashes: Sequence[ChunkHash]) -> list[PrefixNode]:
-        """The nodes for `hashes`, creating the missing suffix; existing nodes form a prefix of any path."""
+    def _build_path(self, hashes: Sequence[ChunkHash]) -> tuple[list[PrefixNode], int]:
+        """The nodes for `hashes` and how many already existed; existing nodes form a prefix of any path."""
         nodes = self._nodes
         lo, hi = 0, len(hashes)
         while lo < hi:
@@ -310,7 +310,7 @@ class ChunkedHashTree:
         for depth, chunk_hash in enumerate(fresh, start=lo + 1):
             parent = nodes[chunk_hash] = PrefixNode(chunk_hash, parent, depth)
             path.append(parent)
-        return path
+        return path, lo
 
     def _release_nodes(self, path: list[PrefixNode]) -> None:
         for node in reversed(path):
@@ -372,18 +372,31 @@ class ChunkedHashTree:
     def _push(self, node: PrefixNode, key: tuple, item: PrefixNode | TrackedRequest) -> None:
         heap = node.candidates
         heapq.heappush(heap, (*key, next(self._push_id), item))
-        if len(heap) > COMPACT_MIN and len(heap) > 4 * (node.num_waiting + node.num_active) + COMPACT_MIN:
+        num_live = node.num_waiting + node.num_active if node.parent is not None else len(self._requests)
+        if len(heap) > 4 * num_live + COMPACT_MIN:
             node.candidates = compacted(heap)
 
-    def _offer(self, req: TrackedRequest) -> None:
+    def _offer(self, req: TrackedRequest, num_existing: int) -> None:
         """Publish a new waiting request: terminal entry at its leaf, then cached bests up to the working set.
 
-        A cached `best` (even one whose request has left) is a lower bound of its subtree's true minimum, so the
-        walk stops at the first node whose cached key is already <= ours.
+        Nodes created for this request hold only it, so their heaps are built directly. Above them, a cached
+        `best` (even one whose request has left) is a lower bound of its subtree's true minimum, so the walk
+        stops at the first node whose cached key is already <= ours.
         """
         key = req.key
-        node = req.path[-1]
-        self._push(node, key, req)
+        path = req.path
+        if num_existing < len(path):
+            best = (*key, req)
+            below: PrefixNode | TrackedRequest = req
+            for node in reversed(path[num_existing:]):
+                node.candidates = [(*key, next(self._push_id), below)]
+                node.best = best
+                below = node
+            node = path[num_existing].parent
+            self._push(node, key, below)
+        else:
+            node = path[-1]
+            self._push(node, key, req)
         while node.num_active == 0 and node.parent is not None:
             best = node.best
             if best is not None and best[:3] <= key:
@@ -402,8 +415,12 @@ class ChunkedHashTree:
         top = self._settle(node)
         if top is None:
             return
+        key = (top[0] - node.depth, top[1], top[2])
+        if node.global_key is not None and node.global_key <= key:
+            return
+        node.global_key = key
         heap = self._global
-        heapq.heappush(heap, (top[0] - node.depth, top[1], top[2], next(self._push_id), node))
+        heapq.heappush(heap, (*key, next(self._push_id), node))
         if len(heap) > 2 * (len(self._nodes) + 1) + COMPACT_MIN:
             self._global = compacted_global(heap)
 
@@ -455,16 +472,23 @@ class ChunkedHashTree:
     def _pop_best(self) -> TrackedRequest | None:
         heap = self._global
         while heap:
-            missing, arrival, seq, _, node = heap[0]
+            entry = heap[0]
+            node = entry[4]
+            if entry[:3] != node.global_key:
+                heapq.heappop(heap)  # superseded by the node's newer, smaller entry (or no longer needed)
+                continue
             if node.parent is not None and (not node.is_alive or node.num_active == 0):
+                node.global_key = None
                 heapq.heappop(heap)
                 continue
             top = self._settle(node)
             if top is None:
+                node.global_key = None
                 heapq.heappop(heap)
                 continue
             key = (top[0] - node.depth, top[1], top[2])
-            if key != (missing, arrival, seq):
+            if key != node.global_key:
+                node.global_key = key
                 heapq.heapreplace(heap, (*key, next(self._push_id), node))
                 continue
             return best_of(top)[3]
