@@ -127,7 +127,11 @@ def flag_name(dest: str) -> str:
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    """Add the `--feather-*` flags to SGLang's server parser; a flag not given leaves no attribute behind."""
+    """Add the `--feather-*` flags to SGLang's server parser; a flag not given leaves no attribute behind.
+
+    Idempotent: SGLang may apply plugin hooks more than once in one process (launcher and engine)."""
+    if flag_name(_FLAGS[0].dest) in parser._option_string_actions:
+        return
     group = parser.add_argument_group("Feather scheduling (--schedule-policy feather)")
     for flag in _FLAGS:
         group.add_argument(

@@ -55,9 +55,12 @@ class FeatherSchedulePolicy(_sglang_policy.SchedulePolicy):
         return None
 
     def prefill_adder_class(self, base: type) -> type:
-        """`base` (SGLang's PrefillAdder or a subclass) with Feather's stopper in `add_one_req`."""
+        """`base` (SGLang's PrefillAdder or a subclass) with Feather's stopper in `add_one_req`; a base that
+        already has it (the hook applied twice) is returned as it is, bound to this policy's runtime."""
         if self.feather is None:
             return base
+        if issubclass(base, FeatherAdderMixin):
+            base = next(b for b in base.__mro__ if not issubclass(b, FeatherAdderMixin))
         cls = self._adder_classes.get(base)
         if cls is None:
             cls = type("FeatherPrefillAdder", (FeatherAdderMixin, base), {"feather": self.feather})

@@ -146,6 +146,21 @@ def test_scheduler_hooks_through_sglangs_hook_wrappers():
     assert gone.rid not in policy.feather.tree and "w" in policy.feather.tree
 
 
+def test_hooks_applied_twice_stay_single(parser):
+    """SGLang can run `load_plugins()` twice in one process; the flags and the adder must not stack."""
+    from sglang_feather.sglang.options import add_cli_args
+    from sglang_feather.sglang.policy import FeatherAdderMixin
+
+    add_cli_args(parser)
+    assert parser.parse_args(["--model-path", "m", "--feather-chunk-size", "32"]).feather_chunk_size == 32
+    policy = feather_policy(make_cache())
+    view = scheduler_view(policy, [])
+    once = plugin._after_get_prefill_adder_class(PrefillAdder, view)
+    twice = plugin._after_get_prefill_adder_class(once, view)
+    assert twice is once
+    assert sum(cls is FeatherAdderMixin for cls in twice.__mro__) == 1
+
+
 def test_launcher_rejects_bad_feather_options_at_startup():
     """The real `python -m sglang.launch_server` (plugin loaded from the entry point) fails before any model."""
     run = subprocess.run(

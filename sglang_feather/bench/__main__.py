@@ -1,0 +1,33 @@
+"""Command line: `python -m sglang_feather.bench {overhead,chunk-size} [options]`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "overhead": "sglang_feather.bench.overhead",
+    "chunk-size": "sglang_feather.bench.chunk_size",
+}
+"""Subcommand -> module providing `add_arguments(parser)` and `main(args) -> int` (its docstring is the help)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m sglang_feather.bench", description=__doc__)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name, module_name in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        sub = subparsers.add_parser(name, help=module.__doc__, description=module.__doc__)
+        module.add_arguments(sub)
+        sub.set_defaults(main=module.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Synthetic waiting queues shared by both sides of the overhead benchmark."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+VOCAB_SIZE = 128_000
+NUM_GROUPS = 8
+MAX_SHARED_PREFIX = 4096
+NUM_ARRIVALS = 16
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Prompts in arrival order plus the sequences already cached before the first pass.
+
+    Prompts are `array('q')`, the type SGLang keeps in `Req.origin_input_ids`, so both sides hash or
+    match exactly the object a live scheduler would hold. `groups[i]` is the prefix group of prompt i
+    (None when it shares nothing). `cached` is what SGLang's RadixCache holds; the CHT sees the same
+    sequences as running requests (its working set).
+    """
+
+    name: str
+    prompts: tuple[array, ...]
+    groups: tuple[int | None, ...]
+    cached: tuple[array, ...]
+    arrivals: tuple[array, ...]
+    """Further prompts of the same shape that are not in the queue: fresh arrivals for timing inserts."""
+    num_cached_tokens: int = 0
+    """Tokens of every queued prompt that are already cached before the first pass."""
+
+    @property
+    def num_new_tokens(self) -> int:
+        """Prefill tokens of the longest queued prompt beyond what is cached."""
+        return max(map(len, self.prompts)) - self.num_cached_tokens
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.prompts)
+
+
+def random_tokens(rng: np.random.Generator, num_tokens: int) -> array:
+    tokens = array("q")
+    tokens.frombytes(rng.integers(1, VOCAB_SIZE, size=num_tokens, dtype=np.int64).tobytes())
+    return tokens
+
+
+def shared_prefix_len(prompt_len: int) -> int:
+    return min(MAX_SHARED_PREFIX, prompt_len * 3 // 4)
+
+
+def _grouped(name: str, rng: np.random.Generator, num_requests: int, prompt_len: int) -> Workload:
+    prefix_len = shared_prefix_len(prompt_len)
+    prefixes = [random_tokens(rng, prefix_len) for _ in range(NUM_GROUPS)]
+    groups = [i % NUM_GROUPS for i in range(num_requests + NUM_ARRIVALS)]
+    prompts = tuple(prefixes[g] + random_tokens(rng, prompt_len - prefix_len) for g in groups)
+    cached = tuple(prefixes) if name == "shared" else ()
+    return Workload(
+        name,
+        prompts[:num_requests],
+        tuple(groups[:num_requests]),
+        cached,
+        prompts[num_requests:],
+        prefix_len if cached else 0,
+    )
+
+
+def shared(rng: np.random.Generator, num_requests: int, prompt_len: int) -> Workload:
+    return _grouped("shared", rng, num_requests, prompt_len)
+
+
+def shared_cold(rng: np.random.Generator, num_requests: int, prompt_len: int) -> Workload:
+    return _grouped("shared-cold", rng, num_requests, prompt_len)
+
+
+def unique(rng: np.random.Generator, num_requests: int, prompt_len: int) -> Workload:
+    cached = tuple(random_tokens(rng, prompt_len) for _ in range(NUM_GROUPS))
+    prompts = tuple(random_tokens(rng, prompt_len) for _ in range(num_requests + NUM_ARRIVALS))
+    return Workload("unique", prompts[:num_requests], (None,) * num_requests, cached, prompts[num_requests:])
+
+
+WORKLOADS: dict[str, Callable[[np.random.Generator, int, int], Workload]] = {
+    "shared": shared,
+    "unique": unique,
+    "shared-cold": shared_cold,
+}
+"""8 groups sharing a cached prefix of min(4096, 3L/4) tokens; nothing shared (8 unrelated cached
+sequences); the grouped prompts with nothing cached."""
+
+
+def build_workload(name: str, num_requests: int, prompt_len: int, seed: int = 0) -> Workload:
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; choose from {sorted(WORKLOADS)}")
+    if num_requests < 1 or prompt_len < 4:
+        raise ValueError(f"need num_requests >= 1 and prompt_len >= 4, got {num_requests}, {prompt_len}")
+    return WORKLOADS[name](np.random.default_rng(seed), num_requests, prompt_len)

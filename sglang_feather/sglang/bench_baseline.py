@@ -1,0 +1,162 @@
+"""SGLang 0.5.23's own `SchedulePolicy.calc_priority` on real `Req` and `RadixCache` objects (benchmark side)."""
+
+from __future__ import annotations
+
+import gc
+import time
+import warnings
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sglang_feather.bench.sequence import SequencePlan
+from sglang_feather.bench.timing import Samples, TimingConfig, gc_disabled, sample
+from sglang_feather.bench.workloads import Workload
+
+warnings.filterwarnings("ignore", module="sglang")
+
+import torch  # noqa: E402
+from sglang.srt.managers import schedule_policy  # noqa: E402
+from sglang.srt.managers.schedule_batch import Req  # noqa: E402
+from sglang.srt.managers.schedule_policy import SchedulePolicy  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import InsertParams  # noqa: E402
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
+from sglang.srt.runtime_context import SpawnRanks, get_context, publish  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+
+POLICIES = ("lpm", "dfs-weight")
+MAX_NEW_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class PolicyTiming:
+    policy: str
+    active_policy: str
+    """What `calc_priority` really ran: LPM turns into FCFS above `prefix_match_cap()` waiting requests."""
+    samples: Samples
+    order: tuple[int, ...]
+    """Request indices in the order the last timed call left the queue."""
+
+
+@dataclass(frozen=True)
+class SequenceTiming:
+    policy: str
+    total_s: float
+    num_passes: int
+    num_admitted: int
+    num_fcfs_passes: int
+
+
+@dataclass
+class BaselineQueue:
+    workload: Workload
+    cache: RadixCache
+    reqs: list[Req]
+
+
+def prepare() -> dict[str, str]:
+    """Publish the minimal CPU runtime config `calc_priority` reads (once per process); return versions."""
+    import sglang
+
+    if not get_context().is_config_namespace_published("disagg"):
+        publish(
+            _server_args(),
+            role="test",
+            ranks=SpawnRanks(world_rank=0, dp_rank=None),
+        )
+    torch.set_num_threads(1)
+    return {"sglang": sglang.__version__, "torch": torch.__version__}
+
+
+def _server_args():
+    from sglang.srt.server_args import ServerArgs
+
+    return ServerArgs(model_path="dummy", device="cpu")
+
+
+def prefill_token_budget() -> int:
+    """SGLang's default `--max-prefill-tokens`: the new (uncached) tokens one prefill pass may take."""
+    return _server_args().max_prefill_tokens
+
+
+def prefix_match_cap() -> int:
+    return schedule_policy.WAITING_QUEUE_PREFIX_MATCH_MAX
+
+
+def make_cache(cached: Iterable[array]) -> RadixCache:
+    """A real RadixCache on CPU (no pools: the least its constructor needs), holding `cached`."""
+    cache = RadixCache(
+        CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=None, page_size=1)
+    )
+    for token_ids in cached:
+        cache_prompt(cache, token_ids)
+    return cache
+
+
+def cache_prompt(cache: RadixCache, token_ids: array) -> None:
+    """What prefill leaves behind: the prompt's KV in the radix tree (values stand in for KV indices)."""
+    cache.insert(InsertParams(key=RadixKey(token_ids), value=torch.arange(len(token_ids))))
+
+
+def make_reqs(workload: Workload) -> list[Req]:
+    return [
+        Req(str(i), "", prompt, SamplingParams(max_new_tokens=MAX_NEW_TOKENS))
+        for i, prompt in enumerate(workload.prompts)
+    ]
+
+
+def build_queue(workload: Workload) -> BaselineQueue:
+    return BaselineQueue(workload, make_cache(workload.cached), make_reqs(workload))
+
+
+def sorted_order(queue: BaselineQueue, policy: str) -> list[int]:
+    """Request indices in the order one `calc_priority` call sorts the queue (arrival order in)."""
+    waiting = list(queue.reqs)
+    SchedulePolicy(policy, queue.cache, False, False, False).calc_priority(waiting)
+    return [int(r.rid) for r in waiting]
+
+
+def time_calc_priority(queue: BaselineQueue, policy: str, cfg: TimingConfig) -> PolicyTiming:
+    """Median cost of one `calc_priority` call on a fresh copy of the queue in arrival order."""
+    sched_policy = SchedulePolicy(policy, queue.cache, False, False, False)
+    sched_policy.calc_priority(list(queue.reqs))  # warm-up: the first match splits radix nodes
+    last: list[Req] = []
+
+    def run() -> float:
+        nonlocal last
+        last = list(queue.reqs)
+        start = time.perf_counter()
+        sched_policy.calc_priority(last)
+        return time.perf_counter() - start
+
+    samples = sample(run, cfg)
+    active = sched_policy._determine_active_policy(queue.reqs).value
+    return PolicyTiming(policy, active, samples, tuple(int(r.rid) for r in last))
+
+
+def run_sequence(workload: Workload, policy: str, plan: SequencePlan) -> SequenceTiming:
+    """All `calc_priority` time while the queue drains `plan.num_per_pass` requests per pass.
+
+    As in SGLang's scheduler the queue stays in the order the last call left it and admitted requests
+    leave it; their prompts then enter the RadixCache (untimed: prefill does that under any policy).
+    """
+    cache = make_cache(workload.cached)
+    waiting = make_reqs(workload)
+    sched_policy = SchedulePolicy(policy, cache, False, False, False)
+    total_s = 0.0
+    num_passes = num_admitted = num_fcfs = 0
+    with gc_disabled():
+        while waiting and (plan.max_passes is None or num_passes < plan.max_passes):
+            gc.collect()
+            if sched_policy._determine_active_policy(waiting).value == "fcfs":
+                num_fcfs += 1
+            start = time.perf_counter()
+            sched_policy.calc_priority(waiting)
+            total_s += time.perf_counter() - start
+            admitted, waiting[:] = waiting[: plan.num_per_pass], waiting[plan.num_per_pass :]
+            for req in admitted:
+                cache_prompt(cache, req.origin_input_ids)
+            num_passes += 1
+            num_admitted += len(admitted)
+    return SequenceTiming(policy, total_s, num_passes, num_admitted, num_fcfs)
