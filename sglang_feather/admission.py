@@ -55,6 +55,9 @@ class AdmissionConfig:
     state_path: str | None = None
     """JSON file that keeps a learning stopper's state across restarts; None keeps it in memory only."""
     seed: int = 0
+    defer_uncached_prefix: bool = True
+    """Stop a pass rather than admit a request whose shared chunks only this pass's admissions hold (their
+    prefill has not cached them yet, so the prefix would be computed twice); see `Proposal.is_deferred`."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
@@ -84,6 +87,10 @@ class Proposal:
     decision: Decision
     is_aged: bool
     """The aging guard chose this request; the stopper was not asked."""
+    is_deferred: bool = False
+    """The chunks it would share are held only by requests admitted in this same pass, whose prefill has not
+    cached them yet: admitting it now would compute that prefix twice, so the pass stops here (the
+    stopper was not asked). SGLang's in-batch prefix check defers such requests the same way."""
 
     @property
     def request_id(self) -> RequestId:
@@ -104,6 +111,7 @@ class AdmissionStats:
     num_aged: int = 0
     num_stops: int = 0
     num_withdrawn: int = 0
+    num_deferred: int = 0
     num_windows: int = 0
     sum_delta: int = 0
     last_reward: float | None = None
@@ -119,6 +127,7 @@ class Admission:
         guard: AgingGuard,
         clock: Callable[[], float] = time.monotonic,
         state_path: str | None = None,
+        defer_uncached_prefix: bool = True,
     ):
         self.tree = tree
         self.stopper = stopper
@@ -128,6 +137,8 @@ class Admission:
         self._state_path = state_path
         self._arrivals: dict[RequestId, float] = {}
         self._records: list[DecisionRecord] = []
+        self._pass_admitted: list[RequestId] = []
+        self._defer_uncached_prefix = defer_uncached_prefix
         if state_path is not None:
             load_state(stopper, state_path)
 
@@ -143,6 +154,7 @@ class Admission:
             AgingGuard(config.max_wait_s),
             clock=clock,
             state_path=config.state_path,
+            defer_uncached_prefix=config.defer_uncached_prefix,
         )
 
     # ----------------------------------------------------------------- request lifecycle
@@ -223,6 +235,7 @@ class Admission:
     def begin_pass(self) -> None:
         """A new scheduling pass starts (stoppers with per-pass state reset it)."""
         self.stopper.begin_pass()
+        self._pass_admitted.clear()
 
     def propose(self, batch_size: int, request_id: RequestId | None = None) -> Proposal | None:
         """The next request to admit and the stopper's verdict; None when nothing waits.
@@ -248,12 +261,28 @@ class Admission:
             num_waiting=self.tree.num_waiting,
             wait_s=self.wait_s(candidate.request_id),
         )
-        decision = Decision.ADD if is_aged else self.stopper.decide(observation)
-        return Proposal(candidate, observation, decision, is_aged)
+        if is_aged:
+            return Proposal(candidate, observation, Decision.ADD, is_aged=True)
+        if self._shares_only_this_pass(candidate):
+            return Proposal(candidate, observation, Decision.STOP, is_aged=False, is_deferred=True)
+        return Proposal(candidate, observation, self.stopper.decide(observation), is_aged=False)
+
+    def _shares_only_this_pass(self, candidate: Candidate) -> bool:
+        """Every running request that holds the candidate's covered chunks was admitted in this pass."""
+        covered = candidate.num_chunks - candidate.num_missing
+        if covered == 0 or not self._pass_admitted or not self._defer_uncached_prefix:
+            return False
+        rid, tree = candidate.request_id, self.tree
+        fresh = sum(
+            tree.state(other) is RequestState.ACTIVE and tree.shares_prefix(rid, other, covered)
+            for other in self._pass_admitted
+        )
+        return self.tree.num_holding(rid, covered) == fresh
 
     def accept(self, proposal: Proposal) -> None:
         """The engine admitted the proposed request."""
         self.tree.activate(proposal.request_id)
+        self._pass_admitted.append(proposal.request_id)
         self.stats.num_admitted += 1
         self.stats.sum_delta += proposal.candidate.delta
         if proposal.is_aged:
@@ -262,7 +291,10 @@ class Admission:
             self._records.append(DecisionRecord(proposal.observation, Decision.ADD))
 
     def decline(self, proposal: Proposal) -> None:
-        """The stopper's STOP ends this pass; the decision awaits the window's reward."""
+        """A STOP ends this pass; the stopper's own decisions await the window's reward."""
+        if proposal.is_deferred:
+            self.stats.num_deferred += 1
+            return
         self.stats.num_stops += 1
         self._records.append(DecisionRecord(proposal.observation, Decision.STOP))
 

@@ -138,6 +138,17 @@ class ChunkedHashTree:
         path = self._get(request_id).path
         return len(path) - self._last_depth(path, len(path), 1)
 
+    def num_holding(self, request_id: RequestId, depth: int) -> int:
+        """Running requests that hold the first `depth` chunks of this request's prompt."""
+        return self._get(request_id).path[depth - 1].num_active if depth > 0 else len(self._active)
+
+    def shares_prefix(self, request_id: RequestId, other_id: RequestId, depth: int) -> bool:
+        """Whether two requests have the same first `depth` chunks."""
+        path, other = self._get(request_id).path, self._get(other_id).path
+        return depth == 0 or (
+            len(other) >= depth and len(path) >= depth and path[depth - 1] is other[depth - 1]
+        )
+
     def best(self) -> Candidate | None:
         """The waiting request with the fewest missing chunks (ties: earliest arrival), or None."""
         if not self._best_valid:

@@ -36,6 +36,8 @@ class FeatherOptions:
     max_wait_s: float | None = DEFAULT_MAX_WAIT_S
     """A request waiting this long is admitted whatever the stopper says; None disables the guard."""
     seed: int = 0
+    defer_uncached_prefix: bool = True
+    """Defer a request whose shared prefix only this pass's admissions hold (not cached yet)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size < 1:
@@ -65,6 +67,13 @@ class FeatherOptions:
                 )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise FeatherOptionsError(f"--feather-seed must be an integer, got {self.seed!r}")
+
+
+def _on_off(text: str) -> bool:
+    value = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -119,6 +128,13 @@ _FLAGS = (
         f"{DEFAULT_MAX_WAIT_S:g}).",
     ),
     _Flag("seed", int, "INT", "Seed of a randomised stopping policy (default 0)."),
+    _Flag(
+        "defer_uncached_prefix",
+        _on_off,
+        "on|off",
+        "Stop a prefill pass before a request whose shared prefix only this pass's admissions hold, so the "
+        "prefix is computed once and cached (default on).",
+    ),
 )
 
 
@@ -202,6 +218,7 @@ def options_to_config(options: FeatherOptions) -> AdmissionConfig:
         max_wait_s=options.max_wait_s,
         state_path=options.state_path,
         seed=options.seed,
+        defer_uncached_prefix=options.defer_uncached_prefix,
     )
 
 

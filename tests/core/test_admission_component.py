@@ -30,9 +30,23 @@ def test_select_admits_best_first_until_empty():
     adm.enqueue("a0", GROUP_A + [5])
     adm.enqueue("a1", GROUP_A + [6])
     plan = adm.select(batch_size=0)
-    assert plan.admitted == ("b0", "a0", "a1")
-    assert plan.stop is StopReason.EMPTY
+    assert plan.admitted == ("b0", "a0")
+    assert plan.stop is StopReason.STOPPER, "a1 would prefill a0's uncached prefix a second time"
+    assert adm.stats.num_deferred == 1 and adm.stats.num_stops == 0
+    plan = adm.select(batch_size=2)
+    assert plan.admitted == ("a1",) and plan.stop is StopReason.EMPTY
     assert adm.tree.num_active == 3
+
+
+def test_cached_prefix_is_shared_within_a_pass():
+    adm, _ = make()
+    adm.enqueue("a0", GROUP_A + [5])
+    adm.select(batch_size=0)
+    for i in range(1, 4):
+        adm.enqueue(f"a{i}", GROUP_A + [i])
+    plan = adm.select(batch_size=1)
+    assert plan.admitted == ("a1", "a2", "a3"), "a0 ran in an earlier pass: its prefix is cached"
+    assert adm.stats.num_deferred == 0
 
 
 def test_group_stays_together_after_first_pick():
@@ -40,9 +54,11 @@ def test_group_stays_together_after_first_pick():
     for i in range(3):
         adm.enqueue(f"b{i}", GROUP_B + [i])
         adm.enqueue(f"a{i}", GROUP_A + [i])
-    plan = adm.select(batch_size=0, max_requests=3)
+    first = adm.select(batch_size=0, max_requests=3)
+    assert first.admitted == ("b0",) and adm.stats.num_deferred == 1
+    plan = adm.select(batch_size=1, max_requests=2)
     assert plan.stop is StopReason.LIMIT
-    assert {rid[0] for rid in plan.admitted} == {"b"}, plan.admitted
+    assert plan.admitted == ("b1", "b2"), plan.admitted
 
 
 def test_no_sharing_is_not_throttled():
@@ -57,8 +73,9 @@ def test_static_stopper_stops_on_a_large_prefix_loss():
     adm.enqueue("a0", GROUP_A + [5])
     adm.enqueue("b0", GROUP_B + [5])
     adm.enqueue("a1", GROUP_A + [6])
-    plan = adm.select(batch_size=0)
-    assert plan == type(plan)(("a0", "a1"), StopReason.STOPPER)
+    assert adm.select(batch_size=0).admitted == ("a0",)
+    plan = adm.select(batch_size=1)
+    assert plan == type(plan)(("a1",), StopReason.STOPPER)
     assert adm.stats.num_stops == 1
     assert adm.is_waiting("b0")
 
@@ -115,7 +132,7 @@ def test_reward_goes_to_every_decision_of_the_window():
     seen = []
     adm.stopper.feedback = lambda records, throughput: seen.append((len(records), throughput)) or 0.5
     for i in range(4):
-        adm.enqueue(i, GROUP_A + [i])
+        adm.enqueue(i, [10 + i] * 40)
     adm.select(0)
     assert adm.end_window(num_tokens=200, elapsed_s=0.5) == 0.5
     assert seen == [(4, 400.0)]

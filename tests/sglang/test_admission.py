@@ -53,7 +53,9 @@ def _groups_queue():
 def test_admission_walks_the_tree_best_first_within_a_pass():
     allocator = make_allocator()
     cache = make_cache(allocator)
-    policy = feather_policy(cache, FeatherOptions(chunk_size=16, stopper="always"))
+    policy = feather_policy(
+        cache, FeatherOptions(chunk_size=16, defer_uncached_prefix=False, stopper="always")
+    )
     waiting = _groups_queue()
     admitted, _ = _pass(policy, cache, allocator, waiting, batch())
     # after g0-0 joins, its group misses only a suffix chunk, so the rest of g0 comes before g1 and g2
@@ -70,10 +72,24 @@ def test_admission_walks_the_tree_best_first_within_a_pass():
     ]
 
 
+def test_cold_group_prefix_is_prefilled_once_by_default():
+    """With the default options a cold group sends its leader alone; the rest follow once it is cached."""
+    allocator = make_allocator()
+    cache = make_cache(allocator)
+    policy = feather_policy(cache, FeatherOptions(chunk_size=16, stopper="always"))
+    waiting = _groups_queue()
+    admitted, result = _pass(policy, cache, allocator, waiting, batch())
+    assert [r.rid for r in admitted] == ["g0-0"] and result is AddReqResult.OTHER
+    assert policy.feather.admission.stats.num_deferred == 1
+
+
 def test_stopper_ends_the_pass_and_the_rest_keeps_waiting():
     allocator = make_allocator()
     cache = make_cache(allocator)
-    policy = feather_policy(cache, FeatherOptions(chunk_size=16, stopper="static", stopper_options=STRICT))
+    policy = feather_policy(
+        cache,
+        FeatherOptions(chunk_size=16, defer_uncached_prefix=False, stopper="static", stopper_options=STRICT),
+    )
     waiting = _groups_queue()
     admitted, result = _pass(policy, cache, allocator, waiting, batch())
     assert result is AddReqResult.OTHER
@@ -86,7 +102,9 @@ def test_stopper_ends_the_pass_and_the_rest_keeps_waiting():
 def test_sglang_token_budget_still_refuses_and_nothing_is_learned_from_it():
     allocator = make_allocator()
     cache = make_cache(allocator)
-    policy = feather_policy(cache, FeatherOptions(chunk_size=16, stopper="always"))
+    policy = feather_policy(
+        cache, FeatherOptions(chunk_size=16, defer_uncached_prefix=False, stopper="always")
+    )
     waiting = _groups_queue()
     # 60 input tokens per pass: the first request (56 tokens) is admitted, the second exceeds the budget
     admitted, result = _pass(policy, cache, allocator, waiting, batch(), rem_input_tokens=60)
@@ -101,7 +119,9 @@ def test_sglang_token_budget_still_refuses_and_nothing_is_learned_from_it():
 def test_kv_budget_refusal_withdraws_the_proposal():
     allocator = make_allocator(size=70)
     cache = make_cache(allocator)
-    policy = feather_policy(cache, FeatherOptions(chunk_size=16, stopper="always"))
+    policy = feather_policy(
+        cache, FeatherOptions(chunk_size=16, defer_uncached_prefix=False, stopper="always")
+    )
     waiting = [
         make_req("big", group_prompt(0, 200, 0, salt=0)),
         make_req("small", group_prompt(1, 8, 0, salt=1)),
@@ -128,7 +148,9 @@ def test_decode_throughput_of_a_window_reaches_the_stopper():
     clock = FakeClock()
     allocator = make_allocator()
     cache = make_cache(allocator)
-    policy = feather_policy(cache, FeatherOptions(chunk_size=16, stopper="ucb"), clock)
+    policy = feather_policy(
+        cache, FeatherOptions(chunk_size=16, defer_uncached_prefix=False, stopper="ucb"), clock
+    )
     stopper = policy.feather.admission.stopper
     before = json.dumps(stopper.state_dict(), sort_keys=True, default=str)
     running = batch()
@@ -152,7 +174,7 @@ def test_decode_throughput_of_a_window_reaches_the_stopper():
 def test_learned_state_is_saved_and_loaded(tmp_path):
     path = tmp_path / "ucb.json"
     clock = FakeClock()
-    options = FeatherOptions(chunk_size=16, stopper="ucb", state_path=str(path))
+    options = FeatherOptions(chunk_size=16, defer_uncached_prefix=False, stopper="ucb", state_path=str(path))
     allocator = make_allocator()
     cache = make_cache(allocator)
     policy = feather_policy(cache, options, clock)
@@ -183,7 +205,9 @@ def test_prometheus_counters():
     metrics = FeatherMetrics(LABELS, registry=registry)
     allocator = make_allocator()
     cache = make_cache(allocator)
-    options = FeatherOptions(chunk_size=16, stopper="static", stopper_options=STRICT)
+    options = FeatherOptions(
+        chunk_size=16, defer_uncached_prefix=False, stopper="static", stopper_options=STRICT
+    )
     policy = feather_policy(cache, options, metrics=metrics)
     running = batch()
     waiting = _groups_queue()
@@ -225,7 +249,9 @@ def test_window_closes_when_the_batch_drains_so_idle_time_is_not_rewarded():
     clock = FakeClock()
     allocator = make_allocator()
     cache = make_cache(allocator)
-    policy = feather_policy(cache, FeatherOptions(chunk_size=16, stopper="ucb"), clock)
+    policy = feather_policy(
+        cache, FeatherOptions(chunk_size=16, defer_uncached_prefix=False, stopper="ucb"), clock
+    )
     admission = policy.feather.admission
     running = batch()
     waiting = _groups_queue()[:2]

@@ -22,7 +22,7 @@ CHUNK = 16
 
 
 def _options(**kwargs) -> FeatherOptions:
-    return FeatherOptions(chunk_size=CHUNK, stopper="always", **kwargs)
+    return FeatherOptions(chunk_size=CHUNK, stopper="always", defer_uncached_prefix=False, **kwargs)
 
 
 def test_waiting_requests_sharing_the_running_prefix_come_first():
