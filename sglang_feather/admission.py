@@ -237,22 +237,34 @@ class Admission:
         self.stopper.begin_pass()
         self._pass_admitted.clear()
 
-    def propose(self, batch_size: int, request_id: RequestId | None = None) -> Proposal | None:
+    def propose(
+        self,
+        batch_size: int,
+        request_id: RequestId | None = None,
+        cached_tokens: Callable[[RequestId], int] | None = None,
+    ) -> Proposal | None:
         """The next request to admit and the stopper's verdict; None when nothing waits.
 
         Engines that walk their own sorted queue name the request they are at (`request_id`); it is still
-        admitted regardless of the stopper once it has waited past the aging bound."""
+        admitted regardless of the stopper once it has waited past the aging bound. `cached_tokens(rid)`, when
+        the engine knows it, is the prompt prefix its KV cache already holds: a cached prefix is never deferred."""
         if request_id is not None:
             aged = self.guard.is_starved(self.wait_s(request_id))
-            return self._proposal(self.tree.candidate(request_id), batch_size, is_aged=aged)
+            return self._proposal(self.tree.candidate(request_id), batch_size, aged, cached_tokens)
         oldest = self.tree.oldest()
         if oldest is None:
             return None
         if self.guard.is_starved(self.wait_s(oldest)):
-            return self._proposal(self.tree.candidate(oldest), batch_size, is_aged=True)
-        return self._proposal(self.tree.best(), batch_size, is_aged=False)
+            return self._proposal(self.tree.candidate(oldest), batch_size, True, cached_tokens)
+        return self._proposal(self.tree.best(), batch_size, False, cached_tokens)
 
-    def _proposal(self, candidate: Candidate, batch_size: int, is_aged: bool) -> Proposal:
+    def _proposal(
+        self,
+        candidate: Candidate,
+        batch_size: int,
+        is_aged: bool,
+        cached_tokens: Callable[[RequestId], int] | None,
+    ) -> Proposal:
         observation = Observation(
             batch_size=batch_size,
             depth_before=candidate.depth_before,
@@ -263,14 +275,22 @@ class Admission:
         )
         if is_aged:
             return Proposal(candidate, observation, Decision.ADD, is_aged=True)
-        if self._shares_only_this_pass(candidate):
+        if self._shares_only_this_pass(candidate, cached_tokens):
             return Proposal(candidate, observation, Decision.STOP, is_aged=False, is_deferred=True)
         return Proposal(candidate, observation, self.stopper.decide(observation), is_aged=False)
 
-    def _shares_only_this_pass(self, candidate: Candidate) -> bool:
-        """Every running request that holds the candidate's covered chunks was admitted in this pass."""
+    def _shares_only_this_pass(
+        self, candidate: Candidate, cached_tokens: Callable[[RequestId], int] | None
+    ) -> bool:
+        """The candidate's covered chunks are held only by requests admitted in this pass, and the engine's
+        cache does not hold them already."""
         covered = candidate.num_chunks - candidate.num_missing
         if covered == 0 or not self._pass_admitted or not self._defer_uncached_prefix:
+            return False
+        if (
+            cached_tokens is not None
+            and cached_tokens(candidate.request_id) >= covered * self.tree.chunk_size
+        ):
             return False
         rid, tree = candidate.request_id, self.tree
         fresh = sum(
@@ -307,14 +327,16 @@ class Admission:
         batch_size: int,
         max_requests: int | None = None,
         fits: Callable[[RequestId], bool] | None = None,
+        cached_tokens: Callable[[RequestId], int] | None = None,
     ) -> AdmissionPlan:
-        """A whole pass: admit requests until the stopper, the engine's `fits` check or `max_requests` says no."""
+        """A whole pass: admit requests until the stopper, the engine's `fits` check or `max_requests` says no
+        (`cached_tokens` as for `propose`)."""
         self.begin_pass()
         admitted: list[RequestId] = []
         while True:
             if max_requests is not None and len(admitted) >= max_requests:
                 return AdmissionPlan(tuple(admitted), StopReason.LIMIT)
-            proposal = self.propose(batch_size + len(admitted))
+            proposal = self.propose(batch_size + len(admitted), cached_tokens=cached_tokens)
             if proposal is None:
                 return AdmissionPlan(tuple(admitted), StopReason.EMPTY)
             if proposal.decision is Decision.STOP:

@@ -81,7 +81,9 @@ class FeatherRuntime:
         if not self._decided_this_pass:
             self._decided_this_pass = True
             self._close_window()
-        proposal = self.admission.propose(batch_size, request_id=req.rid)
+        proposal = self.admission.propose(
+            batch_size, request_id=req.rid, cached_tokens=lambda _: req.prefix_len
+        )
         self._pass_s += time.perf_counter() - t0
         return proposal
 

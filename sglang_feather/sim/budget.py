@@ -134,6 +134,11 @@ class PassBudget:
             self.engine.batch_is_full = True
         return False
 
+    def num_cached_tokens(self, rid: str) -> int:
+        s = self.engine.waiting[rid]
+        nblocks = self.engine.pool.cache.match(s.hashes)
+        return s.ends[nblocks - 1] if nblocks else 0
+
     def _admit(self, rid: str) -> bool:
         e = self.engine
         s = e.waiting.get(rid)

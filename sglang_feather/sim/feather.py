@@ -49,7 +49,7 @@ class FeatherPolicy:
             if reward is not None:
                 self.rewards.append(reward)
             self._window_tokens, self._window_s = 0, 0.0
-        plan = self.admission.select(ctx.num_running, fits=ctx.try_admit)
+        plan = self.admission.select(ctx.num_running, fits=ctx.try_admit, cached_tokens=ctx.num_cached_tokens)
         self._decided = bool(plan.admitted) or plan.stop is StopReason.STOPPER
 
     def on_admitted(self, rids: Sequence[str]) -> None:

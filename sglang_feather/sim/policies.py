@@ -23,6 +23,10 @@ class PassContext(Protocol):
         """Admit `rid` under SGLang's budgets; False (admitting nothing) means the pass must stop."""
         ...
 
+    def num_cached_tokens(self, rid: str) -> int:
+        """Leading prompt tokens of a waiting request that the prefix cache holds now."""
+        ...
+
 
 class SimPolicy(Protocol):
     name: str

@@ -171,3 +171,12 @@ def test_state_persists_across_instances(tmp_path):
     adm.save_state()
     again, _ = make("ucb", state_path=path)
     assert again.stopper.state_dict() == adm.stopper.state_dict()
+
+
+def test_a_prefix_the_engine_has_cached_is_not_deferred():
+    adm, _ = make()
+    for i in range(3):
+        adm.enqueue(f"a{i}", GROUP_A + [i])
+    cached = {"a0": 0, "a1": len(GROUP_A), "a2": len(GROUP_A)}
+    plan = adm.select(batch_size=0, cached_tokens=cached.__getitem__)
+    assert plan.admitted == ("a0", "a1", "a2") and adm.stats.num_deferred == 0
