@@ -14,7 +14,7 @@ from typing import TextIO
 from sglang_feather.bench import cht_side, report
 from sglang_feather.bench.cli_types import int_list, workload_list
 from sglang_feather.bench.sequence import SequencePlan
-from sglang_feather.bench.timing import GC_POLICY, TimingConfig, frozen_heap
+from sglang_feather.bench.timing import GC_POLICY, TimingConfig, frozen_heap, timing_from_args
 from sglang_feather.bench.workloads import build_workload, shared_prefix_len
 from sglang_feather.cht import DEFAULT_CHUNK_SIZE
 
@@ -142,11 +142,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> SweepConfig:
     cfg = QUICK if args.quick else SweepConfig()
-    timing = replace(
-        cfg.timing,
-        repeat=args.repeat or cfg.timing.repeat,
-        min_time_s=args.min_time if args.min_time is not None else cfg.timing.min_time_s,
-    )
+    timing = timing_from_args(cfg.timing, args)
     return replace(
         cfg,
         chunk_sizes=args.chunk_sizes or cfg.chunk_sizes,

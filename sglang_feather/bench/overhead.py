@@ -17,7 +17,7 @@ from typing import TextIO
 from sglang_feather.bench import cht_side, report
 from sglang_feather.bench.cli_types import int_list, workload_list
 from sglang_feather.bench.sequence import SequencePlan
-from sglang_feather.bench.timing import GC_POLICY, TimingConfig, frozen_heap, median_run
+from sglang_feather.bench.timing import GC_POLICY, TimingConfig, frozen_heap, median_run, timing_from_args
 from sglang_feather.bench.workloads import WORKLOADS, build_workload
 from sglang_feather.cht import DEFAULT_CHUNK_SIZE
 
@@ -172,11 +172,7 @@ def config_from_args(args: argparse.Namespace) -> OverheadConfig:
         finish_after_passes=args.finish_after or plan.finish_after_passes,
         max_passes=args.max_passes if args.max_passes is not None else plan.max_passes,
     )
-    timing = replace(
-        cfg.timing,
-        repeat=args.repeat or cfg.timing.repeat,
-        min_time_s=args.min_time if args.min_time is not None else cfg.timing.min_time_s,
-    )
+    timing = timing_from_args(cfg.timing, args)
     return replace(
         cfg,
         workloads=args.workloads or cfg.workloads,

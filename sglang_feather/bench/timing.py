@@ -6,7 +6,7 @@ import gc
 import statistics
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -97,3 +97,12 @@ def median_run(run: Callable[[], T], seconds: Callable[[T], float], cfg: TimingC
         results.append(run())
     results.sort(key=seconds)
     return results[len(results) // 2], len(results)
+
+
+def timing_from_args(timing: TimingConfig, args) -> TimingConfig:
+    """`timing` with the CLI's `--repeat` / `--min-time` applied where given."""
+    return replace(
+        timing,
+        repeat=args.repeat or timing.repeat,
+        min_time_s=args.min_time if args.min_time is not None else timing.min_time_s,
+    )
