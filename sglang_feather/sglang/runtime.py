@@ -81,9 +81,10 @@ class FeatherRuntime:
         if not self._decided_this_pass:
             self._decided_this_pass = True
             self._close_window()
-        # NOTE: no `cached_tokens` hint from `req.prefix_len` here: with it the in-pass deferral never fired
-        # in the end-to-end server (e2e cached tokens fell from 23,488 to 4,352); not yet understood.
-        proposal = self.admission.propose(batch_size, request_id=req.rid)
+        # SGLang's loop ran `req.init_next_round_input` just before: `prefix_len` is what the radix cache holds.
+        proposal = self.admission.propose(
+            batch_size, request_id=req.rid, cached_tokens=lambda _: req.prefix_len
+        )
         self._pass_s += time.perf_counter() - t0
         return proposal
 
