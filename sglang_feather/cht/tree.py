@@ -375,7 +375,7 @@ class ChunkedHashTree:
             if best is not None:
                 self._push(node.parent, best[:3], node)
         if left and left[0].num_waiting:
-            self._reoffer(left[0].parent)
+            self._push_global(left[0].parent)  # still in the working set (prefix-closed), or the root
         self._update_shared_after_leave()
 
     # ----------------------------------------------------------------- internals: the lazy heaps
@@ -416,11 +416,6 @@ class ChunkedHashTree:
             self._push(node.parent, key, node)
             node = node.parent
         self._push_global(node)
-
-    def _reoffer(self, node: PrefixNode) -> None:
-        """`node` (in the working set, or the root) gained candidates: give it a fresh global entry."""
-        if node.parent is None or node.num_active > 0:
-            self._push_global(node)
 
     def _push_global(self, node: PrefixNode) -> None:
         top = self._settle(node)
