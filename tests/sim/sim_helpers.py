@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sglang_feather.admission import AdmissionConfig
 from sglang_feather.sim.cost import PhysicsCostModel
 from sglang_feather.sim.cpu import FixedCpu
 from sglang_feather.sim.engine import EngineConfig
@@ -23,8 +24,9 @@ def small_gsp(seed: int = 0, **kw) -> list[SimRequest]:
     return make_workload("gsp", WorkloadConfig(**base))
 
 
-def run(requests, cost, policy: str, config: EngineConfig = DEFAULT_ENGINE, cpu_s: float = 0.0, **spec):
-    return simulate(requests, cost, RunSpec(policy, **spec), config, FixedCpu(cpu_s))
+def run(requests, cost, policy: str, config: EngineConfig = DEFAULT_ENGINE, cpu_s: float = 0.0, **admission):
+    """Simulate with CPU charged as `cpu_s` per call; `admission` are `AdmissionConfig` fields for feather."""
+    return simulate(requests, cost, RunSpec(policy, AdmissionConfig(**admission)), config, FixedCpu(cpu_s))
 
 
 def request(rid: str, prompt: list[tuple[str, int]], output_len: int, arrival_s: float = 0.0) -> SimRequest:
