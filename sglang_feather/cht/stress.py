@@ -21,9 +21,10 @@ class StressResult:
 
 
 def run_stress(num_ops: int, seed: int = 0, check_every: int = 1000, max_requests: int = 300) -> StressResult:
-    """Random insert/activate/best/deactivate/finish/remove over shared-prefix groups; the tree's best(),
-    shared depth and counts are compared with the brute-force reference and all invariants are checked
-    every `check_every` operations (and at the end). Raises AssertionError on the first disagreement."""
+    """Random insert/activate/best/deactivate/finish/remove/suspend/resume over shared-prefix groups; the
+    tree's best(), oldest(), prefix_order(), shared depth and counts are compared with the brute-force
+    reference and all invariants are checked every `check_every` operations (and at the end). Raises
+    AssertionError on the first disagreement."""
     rng = random.Random(seed)
     chunk = 4
     tree, ref = ChunkedHashTree(chunk_size=chunk), ReferenceTree()
@@ -52,10 +53,14 @@ def run_stress(num_ops: int, seed: int = 0, check_every: int = 1000, max_request
             next_id += 1
         elif roll < 0.50 and waiting:
             best = tree.best()
-            waiting.remove(best.request_id)
-            tree.activate(best.request_id)
-            ref.activate(best.request_id)
-            active.append(best.request_id)
+            if best is None:  # every waiting request is suspended
+                tree.resume_all()
+                ref.resume_all()
+            else:
+                waiting.remove(best.request_id)
+                tree.activate(best.request_id)
+                ref.activate(best.request_id)
+                active.append(best.request_id)
         elif roll < 0.55 and waiting:
             rid = take(waiting)
             tree.activate(rid)
@@ -70,10 +75,18 @@ def run_stress(num_ops: int, seed: int = 0, check_every: int = 1000, max_request
             tree.deactivate(rid)
             ref.deactivate(rid)
             waiting.append(rid)
-        elif roll < 0.92 and waiting:
+        elif roll < 0.90 and waiting:
             rid = take(waiting)
             tree.remove(rid)
             ref.remove(rid)
+        elif roll < 0.94 and waiting:
+            rid = rng.choice(waiting)
+            if tree.is_suspended(rid):
+                tree.resume(rid)
+                ref.resume(rid)
+            else:
+                tree.suspend(rid)
+                ref.suspend(rid)
         else:
             tree.best()
         if (op + 1) % check_every == 0:
@@ -86,6 +99,9 @@ def run_stress(num_ops: int, seed: int = 0, check_every: int = 1000, max_request
 def _compare(tree: ChunkedHashTree, ref: ReferenceTree) -> None:
     tree.check_invariants()
     assert tree.best() == ref.best(), (tree.best(), ref.best())
+    assert tree.oldest() == ref.oldest()
+    tracked = list(ref.states)
+    assert tree.prefix_order(tracked) == ref.prefix_order(tracked)
     assert tree.shared_depth == ref.shared_depth()
     assert tree.num_waiting == len(ref.ids(RequestState.WAITING))
     assert tree.num_active == len(ref.ids(RequestState.ACTIVE))

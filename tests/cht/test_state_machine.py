@@ -1,10 +1,11 @@
 """Hypothesis state machine: the Chunked Hash Tree against the brute-force reference after every operation."""
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from sglang_feather.cht import ChunkedHashTree, RequestState, chunk_hashes
+from sglang_feather.cht import ChunkedHashTree, InvalidTransition, RequestState, chunk_hashes
 from sglang_feather.cht.reference import ReferenceTree
 
 CHUNK = 2
@@ -28,7 +29,55 @@ class TreeVsReference(RuleBasedStateMachine):
     def insert(self, tokens):
         hashes = chunk_hashes(tokens, CHUNK)
         assert self.tree.insert(self.next_id, tokens) == self.ref.insert_hashes(self.next_id, hashes)
+        assert self.tree.path_hashes(self.next_id) == tuple(hashes)
         self.next_id += 1
+
+    @rule(tokens=prompts, arrival=st.integers(-3, 3))
+    def insert_with_arrival(self, tokens, arrival):
+        hashes = chunk_hashes(tokens, CHUNK)
+        assert self.tree.insert(self.next_id, tokens, arrival=arrival) == self.ref.insert_hashes(
+            self.next_id, hashes, arrival
+        )
+        self.next_id += 1
+
+    @precondition(lambda self: self.ref.eligible())
+    @rule(data=st.data())
+    def suspend(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.ref.eligible())))
+        self.tree.suspend(rid)
+        self.ref.suspend(rid)
+        assert self.tree.is_suspended(rid) and self.tree.state(rid) is RequestState.WAITING
+
+    @precondition(lambda self: self.ref.suspended)
+    @rule(data=st.data())
+    def resume(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.ref.suspended)))
+        self.tree.resume(rid)
+        self.ref.resume(rid)
+
+    @rule()
+    def resume_all(self):
+        self.tree.resume_all()
+        self.ref.resume_all()
+
+    @precondition(lambda self: self.ref.states)
+    @rule(data=st.data())
+    def refused_transition(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.ref.states)))
+        call = data.draw(st.sampled_from(["suspend", "resume"]))
+        try:
+            getattr(self.ref, call)(rid)
+        except InvalidTransition:
+            with pytest.raises(InvalidTransition):
+                getattr(self.tree, call)(rid)
+        else:
+            getattr(self.tree, call)(rid)
+
+    @precondition(lambda self: self.ref.states)
+    @rule(data=st.data())
+    def prefix_order(self, data):
+        rids = data.draw(st.lists(st.sampled_from(sorted(self.ref.states)), min_size=1, unique=True))
+        assert self.tree.prefix_order(rids) == self.ref.prefix_order(rids)
 
     @precondition(lambda self: self.ref.ids(RequestState.WAITING))
     @rule(data=st.data())
@@ -37,7 +86,7 @@ class TreeVsReference(RuleBasedStateMachine):
         self.tree.activate(rid)
         self.ref.activate(rid)
 
-    @precondition(lambda self: self.ref.ids(RequestState.WAITING))
+    @precondition(lambda self: self.ref.eligible())
     @rule()
     def activate_best(self):
         best = self.tree.best()
@@ -83,9 +132,8 @@ class TreeVsReference(RuleBasedStateMachine):
         assert self.tree.shared_depth == self.ref.shared_depth()
         assert self.tree.num_active == len(self.ref.ids(RequestState.ACTIVE))
         assert self.tree.num_waiting == len(self.ref.ids(RequestState.WAITING))
-        waiting = self.ref.ids(RequestState.WAITING)
-        oldest = min(waiting, key=lambda r: self.ref.order[r]) if waiting else None
-        assert self.tree.oldest() == oldest
+        assert self.tree.num_suspended == len(self.ref.suspended)
+        assert self.tree.oldest() == self.ref.oldest()
 
 
 TreeVsReference.TestCase.settings = settings(
