@@ -164,8 +164,8 @@ class Engine:
             while self._arrivals and self._arrivals[0][0] <= self.now:
                 if limit is not None and self._num_in_flight >= limit:
                     break
-                _, _, rid = heapq.heappop(self._arrivals)
-                self._arrive(self.by_rid[rid])
+                sent_s, _, rid = heapq.heappop(self._arrivals)
+                self._arrive(self.by_rid[rid], sent_s if limit is None else self.now)
             if not self._step():
                 if not self._arrivals or (limit is not None and self._num_in_flight >= limit):
                     raise RuntimeError(f"simulation stalled with {n - self._num_done} unfinished requests")
@@ -173,10 +173,11 @@ class Engine:
         self.log.end_s = self.now
         return self.log
 
-    def _arrive(self, s: ReqState) -> None:
+    def _arrive(self, s: ReqState, sent_s: float) -> None:
+        """`s` reaches the server at `sent_s` (the client's send time; the engine sees it at this step)."""
         self._num_in_flight += 1
         s.phase = Phase.WAITING
-        s.arrival_t = self.now
+        s.arrival_t = sent_s
         self.waiting[s.rid] = s
         self._charge(lambda: self.policy.on_arrival(s.rid))
 
