@@ -314,9 +314,7 @@ class Admission:
             candidate = tree.best()
             if not self._is_in_flight(candidate, cached_tokens):
                 return candidate, False
-            tree.suspend(candidate.request_id)
-            self._skipped.append(candidate.request_id)
-            self.stats.num_deferred += 1
+            self._skip(candidate.request_id)
 
     def _proposal(
         self, candidate: Candidate, batch_size: int, *, is_aged: bool, is_deferred: bool = False
@@ -364,8 +362,11 @@ class Admission:
 
     def skip(self, proposal: Proposal) -> None:
         """Pass over a (deferred) request until the pass ends."""
-        self.tree.suspend(proposal.request_id)
-        self._skipped.append(proposal.request_id)
+        self._skip(proposal.request_id)
+
+    def _skip(self, request_id: RequestId) -> None:
+        self.tree.suspend(request_id)
+        self._skipped.append(request_id)
         self.stats.num_deferred += 1
 
     def _resume_skipped(self) -> None:

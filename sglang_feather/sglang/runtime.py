@@ -7,6 +7,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sglang.srt.managers.schedule_policy import AddReqResult
+from sglang.srt.mem_cache.common import match_kv_cache
+
 from sglang_feather.admission import Admission, Proposal
 from sglang_feather.policy.base import Decision
 from sglang_feather.sglang.metrics import FeatherMetrics
@@ -110,8 +113,6 @@ class FeatherRuntime:
 
     def admit(self, req: Any, batch_size: int, sglang_add: Callable[[], Any], added: Callable[[], bool]):
         """What Feather's adder returns for `req`: the stopper's verdict, then SGLang's own `add_one_req`."""
-        from sglang.srt.managers.schedule_policy import AddReqResult
-
         if self._fcfs_pass:
             return sglang_add()
         t0 = time.perf_counter()
@@ -187,8 +188,6 @@ class FeatherRuntime:
 
     def _cached_tokens(self, rid: Any) -> int:
         """The prompt prefix SGLang's prefix cache holds for a waiting request (tokens)."""
-        from sglang.srt.mem_cache.common import match_kv_cache
-
         if self.tree_cache is None:
             return 0
         req = self.mirror.request(rid)

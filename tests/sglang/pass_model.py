@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from conftest import batch, make_allocator, make_req
+from conftest import batch, idle_plan, make_allocator, make_req, scheduler_view
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 from sglang.srt.mem_cache.base_prefix_cache import InsertParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -80,11 +80,7 @@ class PassModel:
             on_queued(self.view(), req)
 
     def view(self):
-        from types import SimpleNamespace
-
-        return SimpleNamespace(
-            policy=self.policy, waiting_queue=self.waiting_queue, chunked_req=self.chunked_req
-        )
+        return scheduler_view(self.policy, self.waiting_queue, self.chunked_req)
 
     def step(self) -> list:
         self.stats.num_passes += 1
@@ -127,9 +123,8 @@ class PassModel:
             self.in_flight = computed
         else:
             self._publish(computed)
-        plan_view = _Plan(self.running)
         if self.policy.feather is not None:
-            on_step_end(self.view(), plan_view)
+            on_step_end(self.view(), idle_plan(self.running))
         return admitted
 
     def run(self, max_steps: int = 200) -> PassStats:
@@ -155,14 +150,6 @@ class PassModel:
                 continue
             value = self.allocator.alloc(end)
             self.cache.insert(InsertParams(key=RadixKey(ids[:end]), value=value))
-
-
-class _Plan:
-    """What `get_next_batch_to_run` returns for a prefill step (the forward mode only needs `is_decode`)."""
-
-    def __init__(self, running) -> None:
-        self.running_batch = running
-        self.batch_to_run = None
 
 
 def group_requests(num_groups: int, group_size: int, prefix_len: int, suffix_len: int, seed: int):

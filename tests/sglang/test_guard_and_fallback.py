@@ -14,7 +14,7 @@ from conftest import (
     make_allocator,
     make_cache,
     make_req,
-    scheduler_view,  # noqa: I001
+    scheduler_view,
 )
 from prometheus_client import CollectorRegistry
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
