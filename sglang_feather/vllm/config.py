@@ -12,8 +12,33 @@ OPTIONS_KEY = "feather"
 """`--additional-config '{"feather": {"stopper": "ucb", "max_wait_s": 60}}'`."""
 
 
+SUPPORTED_VLLM_MINORS = ("0.32", "0.33")
+"""vLLM minor versions whose scheduler internals FeatherScheduler is tested against (tests/vllm runs on both)."""
+
+
 class UnsupportedVllmConfig(ValueError):
     """The vLLM configuration asks for something FeatherScheduler cannot do correctly; names every reason."""
+
+
+class UnsupportedVllmVersion(RuntimeError):
+    """The installed vLLM is not one whose (non-public) scheduler internals FeatherScheduler was tested on."""
+
+
+def check_vllm_version(version: str) -> None:
+    """Raise UnsupportedVllmVersion unless `version` (vllm.__version__) is a supported minor release."""
+    minor = ".".join(version.split("+", 1)[0].split(".")[:2])
+    if minor not in SUPPORTED_VLLM_MINORS:
+        raise UnsupportedVllmVersion(
+            f"FeatherScheduler supports vLLM {' and '.join(m + '.x' for m in SUPPORTED_VLLM_MINORS)}, but vLLM "
+            f"{version} is installed: vLLM's scheduler interface is not public and changes between minor "
+            f'releases. Install a supported one (pip install "vllm>={SUPPORTED_VLLM_MINORS[0]},'
+            f'<{_next_minor(SUPPORTED_VLLM_MINORS[-1])}") or run vLLM without --scheduler-cls.'
+        )
+
+
+def _next_minor(minor: str) -> str:
+    major, number = minor.split(".")
+    return f"{major}.{int(number) + 1}"
 
 
 def option_names() -> tuple[str, ...]:

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import vllm
 from vllm.logger import init_logger
 from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -18,7 +19,7 @@ from sglang_feather.admission import Admission
 from sglang_feather.cht import RequestState
 from sglang_feather.types import RequestId
 from sglang_feather.vllm.capacity import CapacityEstimate
-from sglang_feather.vllm.config import admission_config, check_supported
+from sglang_feather.vllm.config import admission_config, check_supported, check_vllm_version
 from sglang_feather.vllm.hashes import request_chunk_hashes
 
 logger = init_logger("vllm.feather")
@@ -45,6 +46,7 @@ class FeatherScheduler(Scheduler):
     def __init__(
         self, vllm_config: Any, *args: Any, clock: Callable[[], float] = time.monotonic, **kwargs: Any
     ):
+        check_vllm_version(vllm.__version__)
         check_supported(vllm_config)
         super().__init__(vllm_config, *args, **kwargs)
         if not isinstance(self.waiting, FCFSRequestQueue):
