@@ -2,6 +2,7 @@
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 from vllm.v1.core.sched.interface import PauseState
@@ -13,6 +14,7 @@ from vllm_harness import (
     FakeClock,
     admitted_ids,
     check_agreement,
+    computed_ranges,
     make_scheduler,
     prompt,
     require_model,
@@ -254,3 +256,47 @@ def test_nothing_is_planned_while_vllm_is_paused():
     driver.run()
     assert driver.finished == {"r0": RequestStatus.FINISHED_LENGTH_CAPPED}
     assert driver.scheduler.admission.stats.num_admitted == 1
+
+
+COLD_BURSTS = {
+    "one-step": EngineShape(max_num_seqs=32, max_num_batched_tokens=2048),
+    "chunked": EngineShape(max_num_seqs=32, max_num_batched_tokens=512, long_prefill_token_threshold=64),
+}
+"""Engines for a cold burst: every prompt fits in one step; or each prefill is cut into 64-token chunks, so a
+group's prefix is still being computed (across steps) when the group's next request could be admitted."""
+
+
+@pytest.mark.parametrize("engine", list(COLD_BURSTS))
+@pytest.mark.parametrize("scheduler", ["vllm", "feather"])
+def test_a_cold_burst_computes_each_groups_prefix_once(engine, scheduler):
+    """G groups x N requests arrive at once on a cold cache: with Feather each group's shared prefix is
+    computed by exactly one request (G prefix computations). vLLM alone does that too when a prefix is
+    prefilled in one step (it caches a block's hash at allocation), but not under chunked prefill: the
+    group's second request hits only the first chunk and computes the rest of the prefix again."""
+    num_groups, per_group, num_prefix_blocks = 3, 5, 12
+    prefix_len = num_prefix_blocks * 16
+    shape = replace(COLD_BURSTS[engine], feather={"stopper": "always"})
+    if scheduler == "feather":
+        driver = feather(shape)
+    else:
+        driver = Driver(make_scheduler(Scheduler, shape))
+    groups = {}
+    for i in range(per_group):
+        for g in range(num_groups):
+            driver.add(f"g{g}-{i}", prompt(g, num_prefix_blocks, i, 10), max_tokens=2)
+            groups[f"g{g}-{i}"] = g
+    computed = {rid: [] for rid in groups}
+    while driver.busy():
+        for rid, span in computed_ranges(driver.step()).items():
+            computed[rid].append(span)
+    assert len(driver.finished) == num_groups * per_group
+    prefix_tokens = {rid: sum(max(0, min(end, prefix_len) - start) for start, end in spans)
+                     for rid, spans in computed.items()}  # fmt: skip
+    computers = sorted(rid for rid, n in prefix_tokens.items() if n)
+    if scheduler == "vllm" and engine == "chunked":
+        assert sum(prefix_tokens.values()) > num_groups * prefix_len, "the scenario must show the duplicate"
+        return
+    assert sum(prefix_tokens.values()) == num_groups * prefix_len
+    assert sorted(groups[rid] for rid in computers) == list(range(num_groups)), computers
+    if scheduler == "feather" and engine == "chunked":
+        assert driver.scheduler.admission.stats.num_deferred > 0
