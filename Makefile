@@ -42,10 +42,12 @@ test: setup
 	FEATHER_EXPECT_VLLM=0.32.0 $(PY_VLLM) -m pytest tests/vllm $(PYTEST_ARGS)
 	FEATHER_EXPECT_VLLM=0.33.0 $(PY_VLLM033) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)
 
+# Everything but the tests that start servers; the three venvs side by side, the SGLang one on 2 workers.
 test-fast: setup
-	$(PY) -m pytest tests --ignore=tests/vllm -m "not server" $(PYTEST_ARGS)
-	FEATHER_EXPECT_VLLM=0.32.0 $(PY_VLLM) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)
-	FEATHER_EXPECT_VLLM=0.33.0 $(PY_VLLM033) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)
+	bash scripts/parallel.sh \
+		'$(PY) -m pytest tests --ignore=tests/vllm -m "not server" -n 2 $(PYTEST_ARGS)' \
+		'FEATHER_EXPECT_VLLM=0.32.0 $(PY_VLLM) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)' \
+		'FEATHER_EXPECT_VLLM=0.33.0 $(PY_VLLM033) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)'
 
 test-core: setup-sglang
 	$(PY) -m pytest tests --ignore=tests/vllm --ignore=tests/e2e $(PYTEST_ARGS)
