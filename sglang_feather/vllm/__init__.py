@@ -2,11 +2,12 @@
 
 from typing import Any
 
-__all__ = ["FeatherScheduler", "UnsupportedVllmConfig"]
+__all__ = ["FeatherScheduler", "UnsupportedVllmConfig", "UnsupportedVllmVersion"]
 
 _LAZY = {
     "FeatherScheduler": "sglang_feather.vllm.scheduler",
     "UnsupportedVllmConfig": "sglang_feather.vllm.config",
+    "UnsupportedVllmVersion": "sglang_feather.vllm.config",
 }
 
 

@@ -14,12 +14,17 @@ from sglang_feather.types import RequestId
 # and `allocate_slots` finds KV blocks. Admission asks `fits(rid)` for each candidate it wants to add, in
 # order, before vLLM runs; this class replays vLLM's arithmetic from outside: the token budget left after
 # the running requests' next chunks, the free blocks left after their growth (less the watermark), and for
-# each candidate the tokens and blocks it needs beyond its prefix-cache hit. The hit counts blocks already in
-# vLLM's cache plus those that candidates admitted earlier in this pass will fill (vLLM caches a new
-# request's full blocks at allocation, so the second request of a group hits the first one's prefix in the
-# same step). A blocked request (grammar still compiling) passes without a reservation: vLLM's loop skips it
-# and goes on with the next. It is an estimate: vLLM still makes the real decision, and the adapter retracts
-# a planned request that vLLM did not admit.
+# each candidate the tokens and blocks it needs beyond its prefix-cache hit. The hit (`cached_tokens`, also
+# Admission's hint for deferring an in-flight prefix) counts blocks already in vLLM's cache plus the full
+# blocks that this step's running chunks and earlier admissions will fill: vLLM caches a block's hash when it
+# allocates the block (`KVCacheManager.allocate_slots` -> `cache_blocks(request, computed + new tokens)`),
+# before the forward pass computes it, and looks waiting requests up only after the running ones are
+# allocated; so a second request of a cold group admitted in the same step, or in the next, hits the
+# first one's prefix and vLLM computes it once. Blocks a running or admitted request will compute only in a
+# later chunk (chunked prefill) are not counted: a request admitted now would compute those itself. A
+# blocked request (grammar still compiling) passes without a reservation: vLLM's loop skips it and goes on
+# with the next. It is an estimate: vLLM still makes the real decision, and the adapter retracts a planned
+# request that vLLM did not admit.
 
 
 class CapacityEstimate:
@@ -28,8 +33,9 @@ class CapacityEstimate:
         self._block_size = scheduler.block_size
         self._pool = scheduler.kv_cache_manager.block_pool
         self._group_ids = list(range(len(scheduler.kv_cache_config.kv_cache_groups)))
-        self._can_probe_cache = scheduler.hash_block_size == scheduler.block_size
-        self._planned_hashes: set[bytes] = set()
+        self.can_probe_cache = scheduler.hash_block_size == scheduler.block_size
+        self._pending_hashes: set[bytes] = set()
+        """Hashes of blocks vLLM will have cached (at allocation) before it looks the next candidate up."""
         num_eligible = len(scheduler.running) + len(scheduler.waiting)
         config = scheduler.scheduler_config
         self._long_prefill = config.long_prefill_token_threshold if num_eligible > 1 else 0
@@ -47,6 +53,7 @@ class CapacityEstimate:
             self.num_blocks_left -= cdiv(computed + num_new, self._block_size) - cdiv(
                 computed, self._block_size
             )
+            self._pending_hashes.update(request.block_hashes[: (computed + num_new) // self._block_size])
 
     def fits(self, request_id: RequestId) -> bool:
         """Whether vLLM can admit this waiting request after those that fitted before; reserves its share."""
@@ -55,9 +62,7 @@ class CapacityEstimate:
             return False
         if request.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             return True  # blocked (e.g. grammar compiling): vLLM skips it unless it is ready by then
-        num_hit_blocks = min(
-            self._num_cached_blocks(request.block_hashes), (request.num_tokens - 1) // self._block_size
-        )
+        num_hit_blocks = self._num_hit_blocks(request)
         num_new = request.num_tokens - num_hit_blocks * self._block_size
         if not self._chunked_prefill and num_new > self.num_tokens_left:
             return False
@@ -72,19 +77,30 @@ class CapacityEstimate:
             return False
         self.num_tokens_left -= num_scheduled
         self.num_blocks_left -= num_blocks
-        self._planned_hashes.update(request.block_hashes)
+        num_full_blocks = (request.num_tokens - num_new + num_scheduled) // self._block_size
+        self._pending_hashes.update(request.block_hashes[:num_full_blocks])
         return True
+
+    def cached_tokens(self, request_id: RequestId) -> int:
+        """The prompt prefix vLLM's prefix cache would give this waiting request if admitted next."""
+        return self._num_hit_blocks(self._scheduler.requests[request_id]) * self._block_size
+
+    def _num_hit_blocks(self, request) -> int:
+        """vLLM never matches a whole prompt: its last token is always computed."""
+        return min(
+            self._num_cached_blocks(request.block_hashes), (request.num_tokens - 1) // self._block_size
+        )
 
     def _cap(self, num_tokens: int) -> int:
         return num_tokens if self._long_prefill <= 0 else min(num_tokens, self._long_prefill)
 
     def _num_cached_blocks(self, block_hashes: list[bytes]) -> int:
-        if not self._can_probe_cache:
+        if not self.can_probe_cache:
             return 0
         count = 0
         for block_hash in block_hashes:
             if (
-                block_hash not in self._planned_hashes
+                block_hash not in self._pending_hashes
                 and self._pool.get_cached_block(block_hash, self._group_ids) is None
             ):
                 break

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_feather.serving.process import exit_on_sigterm
-from sglang_feather.vllm.server import FEATHER_SCHEDULER, Server, ServerSpec
+from sglang_feather.serving.server import Server, ServerSpec, vllm_feather_args
 from sglang_feather.vllm.workload import RunResult, SharedPrefixWorkload, prefix_cache_counters, run
 
 
@@ -41,16 +40,15 @@ HEADER = (
 )
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 WARMUP = SharedPrefixWorkload(
     num_groups=8, prompts_per_group=1, prefix_len=64, question_len=8, output_len=4, seed=99
 )
 """A few unrelated requests first, so that one-time costs (first forward pass, tokenizer) are not measured."""
+
+
+def vllm_spec(model: str, policy: str, extra_args: tuple[str, ...] = ()) -> ServerSpec:
+    """A vLLM server on CPU (`serving.server.VLLM_DEVICES["cpu"]`), `policy` fcfs (vLLM's own) or feather."""
+    return ServerSpec(model=model, policy=policy, engine="vllm", device="cpu", extra_args=extra_args)
 
 
 def measure(server: Server, scheduler: str, workload: SharedPrefixWorkload, concurrency: int) -> Measurement:
@@ -78,12 +76,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--log-dir", type=Path, default=Path("results/vllm"))
     args = parser.parse_args(argv)
     exit_on_sigterm()
-    base = ServerSpec(model=args.model, block_size=args.block_size, max_num_seqs=args.max_num_seqs)
-    specs = {"default": base, "feather": replace(base, scheduler_cls=FEATHER_SCHEDULER, feather=args.feather)}
-    servers = {
-        name: Server(spec, port=free_port(), log_path=args.log_dir / f"vllm-{name}.log")
-        for name, spec in specs.items()
+    sizes = ("--block-size", str(args.block_size), "--max-num-seqs", str(args.max_num_seqs))
+    specs = {
+        "default": vllm_spec(args.model, "fcfs", sizes),
+        "feather": vllm_spec(args.model, "feather", sizes + vllm_feather_args(args.feather)),
     }
+    servers = {name: Server(spec, log_path=args.log_dir / f"vllm-{name}.log") for name, spec in specs.items()}
     runs: dict[str, list[Measurement]] = {name: [] for name in specs}
     num_same = num_total = 0
     try:

@@ -12,18 +12,68 @@ OPTIONS_KEY = "feather"
 """`--additional-config '{"feather": {"stopper": "ucb", "max_wait_s": 60}}'`."""
 
 
+SUPPORTED_VLLM_MINORS = ("0.32", "0.33")
+"""vLLM minor versions whose scheduler internals FeatherScheduler is tested against (tests/vllm runs on both)."""
+
+
 class UnsupportedVllmConfig(ValueError):
     """The vLLM configuration asks for something FeatherScheduler cannot do correctly; names every reason."""
 
 
+class UnsupportedVllmVersion(RuntimeError):
+    """The installed vLLM is not one whose (non-public) scheduler internals FeatherScheduler was tested on."""
+
+
+def check_vllm_version(version: str) -> None:
+    """Raise UnsupportedVllmVersion unless `version` (vllm.__version__) is a supported minor release."""
+    minor = ".".join(version.split("+", 1)[0].split(".")[:2])
+    if minor not in SUPPORTED_VLLM_MINORS:
+        raise UnsupportedVllmVersion(
+            f"FeatherScheduler supports vLLM {' and '.join(m + '.x' for m in SUPPORTED_VLLM_MINORS)}, but vLLM "
+            f"{version} is installed: vLLM's scheduler interface is not public and changes between minor "
+            f'releases. Install a supported one (pip install "vllm>={SUPPORTED_VLLM_MINORS[0]},'
+            f'<{_next_minor(SUPPORTED_VLLM_MINORS[-1])}") or run vLLM without --scheduler-cls.'
+        )
+
+
+def _next_minor(minor: str) -> str:
+    major, number = minor.split(".")
+    return f"{major}.{int(number) + 1}"
+
+
+ENGINE_SET = ("chunk_size", "page_size", "state_tag")
+"""AdmissionConfig fields the adapter sets from vLLM: chunk and page are vLLM's block (the CHT reuses vLLM's
+block hashes, one chunk per block), and the state tag names vLLM, the model and the device."""
+
+
 def option_names() -> tuple[str, ...]:
-    """Keys accepted under `additional_config["feather"]`: AdmissionConfig's fields except the chunk size,
-    which is always vLLM's hash block size (the CHT reuses vLLM's block hashes, one chunk per block)."""
-    return tuple(f.name for f in fields(AdmissionConfig) if f.name != "chunk_size")
+    """Keys accepted under `additional_config["feather"]`: AdmissionConfig's fields but those vLLM sets."""
+    return tuple(f.name for f in fields(AdmissionConfig) if f.name not in ENGINE_SET)
 
 
-def admission_config(additional_config: Any, chunk_size: int) -> AdmissionConfig:
-    """Build the admission config; ValueError naming the valid keys for anything it does not understand."""
+def state_tag(vllm_config: Any) -> dict[str, str]:
+    """Where a learned stopper state comes from: a state file saved under another tag is not loaded."""
+    from vllm.platforms import current_platform
+
+    return {
+        "engine": "vllm",
+        "model": str(vllm_config.model_config.model),
+        "device": current_platform.get_device_name(),
+    }
+
+
+def admission_config(
+    additional_config: Any,
+    *,
+    chunk_size: int,
+    page_size: int,
+    state_tag: Mapping[str, str],
+    can_probe_cache: bool = True,
+) -> AdmissionConfig:
+    """Build the admission config; ValueError naming the valid keys for anything it does not understand.
+
+    Without a probe of vLLM's cache (hash blocks smaller than KV blocks) deferral stays off: vLLM already
+    computes a prefix shared within one step once (see `capacity.py`)."""
     section: Any = additional_config.get(OPTIONS_KEY, {}) if isinstance(additional_config, Mapping) else {}
     if not isinstance(section, Mapping):
         raise ValueError(
@@ -35,7 +85,10 @@ def admission_config(additional_config: Any, chunk_size: int) -> AdmissionConfig
             f'unknown key(s) {", ".join(map(repr, unknown))} in additional_config["{OPTIONS_KEY}"]; valid keys: '
             f"{', '.join(option_names())} (the chunk size is always vLLM's block size)"
         )
-    return AdmissionConfig(chunk_size=chunk_size, **dict(section))
+    options = dict(section)
+    if not can_probe_cache:
+        options["defer_uncached_prefix"] = False
+    return AdmissionConfig(chunk_size=chunk_size, page_size=page_size, state_tag=state_tag, **options)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import vllm
 from vllm.logger import init_logger
 from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -18,7 +19,7 @@ from sglang_feather.admission import Admission
 from sglang_feather.cht import RequestState
 from sglang_feather.types import RequestId
 from sglang_feather.vllm.capacity import CapacityEstimate
-from sglang_feather.vllm.config import admission_config, check_supported
+from sglang_feather.vllm.config import admission_config, check_supported, check_vllm_version, state_tag
 from sglang_feather.vllm.hashes import request_chunk_hashes
 
 logger = init_logger("vllm.feather")
@@ -33,9 +34,10 @@ logger = init_logger("vllm.feather")
 # are left in `self.waiting`, in that order, while vLLM's own schedule() runs, so vLLM's unchanged loop does
 # the block allocation, chunked prefill and preemption; the others are put back behind them afterwards.
 # vLLM's events then drive the CHT: a planned request vLLM did not admit and every preempted request is
-# retracted (back to waiting), finished and aborted requests leave. Between two schedule() calls the tokens
-# sampled by update_from_output over the time that batch took are the window's decode throughput, the
-# stopping policy's reward.
+# retracted (back to waiting), finished and aborted requests leave. The stopper's reward window is
+# Admission's own: update_from_output reports each step's sampled tokens (`on_decode_step`) and an emptied
+# batch (`on_batch_drained`); Admission opens and closes the windows at its decisions. Each pass passes
+# vLLM's prefix-cache hit (`CapacityEstimate.cached_tokens`) as the hint for deferring an in-flight prefix.
 
 
 class FeatherScheduler(Scheduler):
@@ -45,19 +47,21 @@ class FeatherScheduler(Scheduler):
     def __init__(
         self, vllm_config: Any, *args: Any, clock: Callable[[], float] = time.monotonic, **kwargs: Any
     ):
+        check_vllm_version(vllm.__version__)
         check_supported(vllm_config)
         super().__init__(vllm_config, *args, **kwargs)
         if not isinstance(self.waiting, FCFSRequestQueue):
             raise TypeError(
                 f"FeatherScheduler needs vLLM's FCFS waiting queue, got {type(self.waiting).__name__}"
             )
-        self._clock = clock
-        self.admission = Admission.from_config(
-            admission_config(vllm_config.additional_config, self.hash_block_size), clock=clock
+        config = admission_config(
+            vllm_config.additional_config,
+            chunk_size=self.hash_block_size,
+            page_size=self.block_size,
+            state_tag=state_tag(vllm_config),
+            can_probe_cache=self.hash_block_size == self.block_size,
         )
-        self._window_start: float | None = None
-        self._window_end: float | None = None
-        self._window_tokens = 0
+        self.admission = Admission.from_config(config, clock=clock)
         logger.info(
             "FeatherScheduler: chunk = block = %d tokens, stopper %s, max_wait_s %s",
             self.admission.tree.chunk_size,
@@ -100,11 +104,14 @@ class FeatherScheduler(Scheduler):
     # ------------------------------------------------------------------ one step
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
-        self._close_window()
         if self.pause_state is not PauseState.UNPAUSED:
             return super().schedule(throttle_prefills)  # vLLM admits no waiting request while paused
+        estimate = CapacityEstimate(self)
         plan = self.admission.select(
-            len(self.running), max_requests=self._num_free_slots(), fits=CapacityEstimate(self).fits
+            len(self.running),
+            max_requests=self._num_free_slots(),
+            fits=estimate.fits,
+            cached_tokens=estimate.cached_tokens,
         )
         held = self._keep_only(plan.admitted)
         try:
@@ -120,8 +127,9 @@ class FeatherScheduler(Scheduler):
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> Any:
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        self._window_tokens += sum(len(token_ids) for token_ids in model_runner_output.sampled_token_ids)
-        self._window_end = self._clock()
+        self.admission.on_decode_step(sum(map(len, model_runner_output.sampled_token_ids)))
+        if not self.running:
+            self.admission.on_batch_drained()
         return outputs
 
     def shutdown(self) -> None:
@@ -149,13 +157,3 @@ class FeatherScheduler(Scheduler):
         self.waiting.clear()
         self.waiting.extend(chosen)
         return held
-
-    def _close_window(self) -> None:
-        """End the window of the previous schedule() (its decode tokens over its duration) and start the next.
-
-        The window ends at the last update_from_output, not now, so that an idle engine (no schedule() calls
-        while nothing is queued) does not count as a slow window."""
-        now = self._clock()
-        if self._window_start is not None and self._window_end is not None:
-            self.admission.end_window(self._window_tokens, max(self._window_end - self._window_start, 0.0))
-        self._window_start, self._window_end, self._window_tokens = now, None, 0

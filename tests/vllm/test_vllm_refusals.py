@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import vllm
 from vllm.config import KVTransferConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.import_utils import resolve_obj_by_qualname
@@ -12,7 +13,8 @@ from vllm.v1.request import Request
 from vllm_harness import EngineShape, make_scheduler, vllm_config
 
 from sglang_feather.admission import ConfigError
-from sglang_feather.vllm import FeatherScheduler, UnsupportedVllmConfig
+from sglang_feather.vllm import FeatherScheduler, UnsupportedVllmConfig, UnsupportedVllmVersion
+from sglang_feather.vllm.config import SUPPORTED_VLLM_MINORS, check_vllm_version
 
 pytestmark = pytest.mark.vllm
 
@@ -104,3 +106,28 @@ def test_vllm_resolves_the_dotted_name_and_importing_the_package_does_not_import
         "m.FeatherScheduler; assert 'vllm' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=300)
+
+
+def test_this_run_tests_the_expected_supported_vllm(expected_vllm_version):
+    assert vllm.__version__.rsplit(".", 1)[0] in SUPPORTED_VLLM_MINORS, vllm.__version__
+    if expected_vllm_version is not None:
+        assert vllm.__version__ == expected_vllm_version
+
+
+@pytest.mark.parametrize("version", ["0.31.2", "0.34.0", "1.0.0", "0.3.3"])
+def test_an_unsupported_vllm_version_is_refused_naming_the_supported_ones(version):
+    with pytest.raises(
+        UnsupportedVllmVersion, match=r"supports vLLM 0\.32\.x and 0\.33\.x, but vLLM " + version
+    ):
+        check_vllm_version(version)
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.33.0", "0.33.1"])
+def test_supported_vllm_versions_pass(version):
+    check_vllm_version(version)
+
+
+def test_the_scheduler_checks_the_installed_version_at_construction(monkeypatch):
+    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    with pytest.raises(UnsupportedVllmVersion, match='pip install "vllm>=0.32,<0.34"'):
+        make_scheduler(FeatherScheduler, EngineShape())

@@ -2,6 +2,7 @@
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 from vllm.v1.core.sched.interface import PauseState
@@ -13,13 +14,16 @@ from vllm_harness import (
     FakeClock,
     admitted_ids,
     check_agreement,
+    computed_ranges,
     make_scheduler,
     prompt,
+    require_model,
 )
 
 from sglang_feather.admission import DEFAULT_STOPPER
 from sglang_feather.cht import RequestState
 from sglang_feather.vllm import FeatherScheduler
+from sglang_feather.vllm.capacity import CapacityEstimate
 
 pytestmark = pytest.mark.vllm
 
@@ -163,29 +167,57 @@ def test_random_arrivals_aborts_and_preemptions_keep_cht_and_vllm_queues_equal()
     assert driver.finished == expected
     assert any(step.preempted_req_ids for step in driver.history), "the run should exercise preemption"
     assert driver.scheduler.admission.stats.num_stops > 0, "the run should exercise the stopper's STOP"
-    num_vllm_admissions = sum(len(admitted_ids(step)) for step in driver.history)
-    assert driver.scheduler.admission.stats.num_admitted > num_vllm_admissions, (
-        "and retracting planned requests"
-    )
     assert len(driver.scheduler.admission.tree) == 0
 
 
-def test_each_window_reports_sampled_tokens_over_the_batch_time_to_the_stopper():
-    driver = feather(EngineShape(max_num_seqs=4, feather={"stopper": "ucb"}), clock=FakeClock())
-    driver.step_s = 0.5
+def test_planned_requests_vllm_does_not_admit_go_back_to_waiting(monkeypatch):
+    monkeypatch.setattr(CapacityEstimate, "fits", lambda self, request_id: True)  # an estimate that is wrong
+    driver = feather(EngineShape(max_num_batched_tokens=64, feather=ALWAYS))
+    for i in range(3):
+        driver.add(f"r{i}", prompt(i, 3, i, 2), max_tokens=2)
+    step = driver.step()  # the plan holds all three; vLLM's 64-token budget takes r0 (50) and 14 of r1
+    assert step.num_scheduled_tokens == {"r0": 50, "r1": 14}
+    assert driver.scheduler.admission.stats.num_admitted == 3
+    assert driver.scheduler.admission.tree.state("r2") is RequestState.WAITING  # check_agreement holds too
+    driver.run()
+    assert set(driver.finished) == {"r0", "r1", "r2"}
+
+
+def _record_windows(admission) -> list[tuple[int, float]]:
     windows = []
-    admission = driver.scheduler.admission
     end_window = admission.end_window
     admission.end_window = lambda num_tokens, elapsed_s: (
         windows.append((num_tokens, elapsed_s)) or end_window(num_tokens, elapsed_s)
     )
+    return windows
+
+
+def test_a_window_runs_from_a_passs_first_decision_until_the_batch_drains():
+    driver = feather(EngineShape(max_num_seqs=4, feather={"stopper": "ucb"}), clock=FakeClock())
+    driver.step_s = 0.5
+    windows = _record_windows(driver.scheduler.admission)
     for i in range(3):
         driver.add(f"r{i}", prompt(0, 2, i, 5), max_tokens=4)
     driver.run()
-    driver.step()  # an empty step: its schedule() closes the last real window
-    assert sum(driver.num_sampled) == 12
-    assert windows == [(n, 0.5) for n in driver.num_sampled[:-1]]
-    assert admission.stats.num_windows >= 1 and admission.stats.last_reward is not None
+    assert driver.num_sampled == [3, 3, 3, 3]
+    assert windows == [(12, 2.0)], "one window: 4 steps of 0.5 s, closed when the batch drained"
+    driver.step()  # idle: no window is open, nothing is rewarded
+    assert windows == [(12, 2.0)]
+    assert driver.scheduler.admission.stats.last_reward is not None
+
+
+def test_the_next_passs_first_decision_rewards_the_window_before_it():
+    driver = feather(EngineShape(max_num_seqs=4, feather={"stopper": "ucb"}), clock=FakeClock())
+    windows = _record_windows(driver.scheduler.admission)
+    driver.add("a", prompt(0, 2, 0, 5), max_tokens=6)
+    driver.step()  # a's prefill: the first decision opens the window at t=1000
+    driver.step()
+    driver.step()
+    driver.add("b", prompt(1, 2, 0, 5), max_tokens=2)
+    driver.step()  # b's pass decides at t=1003: a's 3 tokens over 3 s reward a's ADD; a new window opens
+    assert windows == [(3, 3.0)]
+    driver.run()
+    assert windows[1:] == [(3 + 2, 3.0)], "a's last 3 tokens and b's 2, from b's decision until drained"
 
 
 def test_learned_state_is_saved_on_shutdown_and_loaded_on_start(tmp_path):
@@ -203,10 +235,12 @@ def test_learned_state_is_saved_on_shutdown_and_loaded_on_start(tmp_path):
     assert again.admission.stopper.state_dict() == driver.scheduler.admission.stopper.state_dict()
 
 
-def test_options_come_from_additional_config():
+def test_options_come_from_additional_config_and_the_engine():
     shape = EngineShape(block_size=32, feather={"stopper": "ucb", "max_wait_s": 5.0, "seed": 3})
     admission = make_scheduler(FeatherScheduler, shape).admission
     assert (admission.stopper.name, admission.guard.max_wait_s, admission.tree.chunk_size) == ("ucb", 5.0, 32)
+    assert admission._page_size == 32
+    assert admission._state_tag == {"engine": "vllm", "model": str(require_model()), "device": "cpu"}
     defaults = make_scheduler(FeatherScheduler, EngineShape()).admission
     assert (defaults.stopper.name, defaults.tree.chunk_size) == (DEFAULT_STOPPER, 16)
 
@@ -222,3 +256,47 @@ def test_nothing_is_planned_while_vllm_is_paused():
     driver.run()
     assert driver.finished == {"r0": RequestStatus.FINISHED_LENGTH_CAPPED}
     assert driver.scheduler.admission.stats.num_admitted == 1
+
+
+COLD_BURSTS = {
+    "one-step": EngineShape(max_num_seqs=32, max_num_batched_tokens=2048),
+    "chunked": EngineShape(max_num_seqs=32, max_num_batched_tokens=512, long_prefill_token_threshold=64),
+}
+"""Engines for a cold burst: every prompt fits in one step; or each prefill is cut into 64-token chunks, so a
+group's prefix is still being computed (across steps) when the group's next request could be admitted."""
+
+
+@pytest.mark.parametrize("engine", list(COLD_BURSTS))
+@pytest.mark.parametrize("scheduler", ["vllm", "feather"])
+def test_a_cold_burst_computes_each_groups_prefix_once(engine, scheduler):
+    """G groups x N requests arrive at once on a cold cache: with Feather each group's shared prefix is
+    computed by exactly one request (G prefix computations). vLLM alone does that too when a prefix is
+    prefilled in one step (it caches a block's hash at allocation), but not under chunked prefill: the
+    group's second request hits only the first chunk and computes the rest of the prefix again."""
+    num_groups, per_group, num_prefix_blocks = 3, 5, 12
+    prefix_len = num_prefix_blocks * 16
+    shape = replace(COLD_BURSTS[engine], feather={"stopper": "always"})
+    if scheduler == "feather":
+        driver = feather(shape)
+    else:
+        driver = Driver(make_scheduler(Scheduler, shape))
+    groups = {}
+    for i in range(per_group):
+        for g in range(num_groups):
+            driver.add(f"g{g}-{i}", prompt(g, num_prefix_blocks, i, 10), max_tokens=2)
+            groups[f"g{g}-{i}"] = g
+    computed = {rid: [] for rid in groups}
+    while driver.busy():
+        for rid, span in computed_ranges(driver.step()).items():
+            computed[rid].append(span)
+    assert len(driver.finished) == num_groups * per_group
+    prefix_tokens = {rid: sum(max(0, min(end, prefix_len) - start) for start, end in spans)
+                     for rid, spans in computed.items()}  # fmt: skip
+    computers = sorted(rid for rid, n in prefix_tokens.items() if n)
+    if scheduler == "vllm" and engine == "chunked":
+        assert sum(prefix_tokens.values()) > num_groups * prefix_len, "the scenario must show the duplicate"
+        return
+    assert sum(prefix_tokens.values()) == num_groups * prefix_len
+    assert sorted(groups[rid] for rid in computers) == list(range(num_groups)), computers
+    if scheduler == "feather" and engine == "chunked":
+        assert driver.scheduler.admission.stats.num_deferred > 0

@@ -8,8 +8,8 @@ import pytest
 from vllm_harness import require_model
 
 from sglang_feather.admission import DEFAULT_STOPPER
-from sglang_feather.vllm.compare import HEADER, Measurement, free_port, measure
-from sglang_feather.vllm.server import FEATHER_SCHEDULER, Server, ServerSpec
+from sglang_feather.serving.server import FEATHER_SCHEDULER, Server, vllm_feather_args
+from sglang_feather.vllm.compare import HEADER, Measurement, measure, vllm_spec
 from sglang_feather.vllm.workload import SharedPrefixWorkload
 
 pytestmark = [pytest.mark.vllm, pytest.mark.server]
@@ -21,27 +21,24 @@ CONCURRENCY = 200
 """Every request in flight at once; with --max-num-seqs 32 the waiting queue is what the schedulers order."""
 
 
-def spec(**overrides) -> ServerSpec:
-    return ServerSpec(model=str(require_model()), block_size=32, max_num_seqs=32, **overrides)
-
-
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory) -> Measurement:
     """vLLM's own scheduler, served, measured and shut down before Feather's server starts."""
     log = tmp_path_factory.mktemp("vllm-default") / "server.log"
-    with Server(spec(), port=free_port(), log_path=log) as server:
+    with Server(vllm_spec(str(require_model()), "fcfs"), log_path=log) as server:
         return measure(server, "default", WORKLOAD, CONCURRENCY)
 
 
 @pytest.fixture(scope="module")
-def feather_server(tmp_path_factory, default_run):
-    folder = tmp_path_factory.mktemp("vllm-feather")
-    options = {"state_path": str(folder / "stopper-state.json")}
-    server = Server(
-        spec(scheduler_cls=FEATHER_SCHEDULER, feather=options),
-        port=free_port(),
-        log_path=folder / "server.log",
-    )
+def state_path(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("vllm-feather-state") / "stopper-state.json"
+
+
+@pytest.fixture(scope="module")
+def feather_server(tmp_path_factory, default_run, state_path):
+    log = tmp_path_factory.mktemp("vllm-feather") / "server.log"
+    options = {"state_path": str(state_path)}
+    server = Server(vllm_spec(str(require_model()), "feather", vllm_feather_args(options)), log_path=log)
     server.start()
     yield server
     server.stop()
@@ -81,8 +78,10 @@ def test_the_engine_ran_feathers_scheduler(feather_server, feather_run):
     assert feather_run.num_cache_hits > 0
 
 
-def test_sigterm_shuts_the_server_down_cleanly_and_saves_the_learned_state(feather_server, feather_run):
-    state = Path(feather_server.spec.feather["state_path"])
+def test_sigterm_shuts_the_server_down_cleanly_and_saves_the_learned_state(
+    feather_server, feather_run, state_path
+):
+    state = state_path
     assert not state.exists()
     assert feather_server.stop() == 0, feather_server.log_tail()
     assert not feather_server.is_running()

@@ -42,6 +42,8 @@ class EngineShape:
     max_num_batched_tokens: int = 256
     max_model_len: int = 512
     enable_prefix_caching: bool = True
+    long_prefill_token_threshold: int = 0
+    """vLLM's cap on one prefill chunk (0: none); with it a long prompt is prefilled over several steps."""
     policy: str = "fcfs"
     feather: Mapping[str, Any] | None = None
     """The `additional_config["feather"]` section; None leaves it out."""
@@ -59,6 +61,7 @@ def vllm_config(shape: EngineShape) -> VllmConfig:
         max_model_len=shape.max_model_len,
         is_encoder_decoder=False,
         policy=shape.policy,
+        long_prefill_token_threshold=shape.long_prefill_token_threshold,
     )
     cache_config = CacheConfig(block_size=shape.block_size, enable_prefix_caching=shape.enable_prefix_caching)
     additional = {} if shape.feather is None else {"feather": dict(shape.feather)}
@@ -187,6 +190,14 @@ class Driver:
 
     def busy(self) -> bool:
         return bool(self.scheduler.running or self.scheduler.waiting)
+
+
+def computed_ranges(output: SchedulerOutput) -> dict[str, tuple[int, int]]:
+    """Token positions each scheduled request computes in this step: [computed before, + scheduled)."""
+    starts = {r.req_id: r.num_computed_tokens for r in output.scheduled_new_reqs}
+    cached = output.scheduled_cached_reqs
+    starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+    return {rid: (starts[rid], starts[rid] + n) for rid, n in output.num_scheduled_tokens.items()}
 
 
 def admitted_ids(output: SchedulerOutput) -> list[str]:
