@@ -9,6 +9,7 @@ logger = logging.getLogger(__name__)
 
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
+SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 
 
 _registered = False
@@ -67,6 +68,10 @@ def _after_init_schedule_policy(_result: None, scheduler: Any) -> None:
     from sglang_feather.sglang.scheduler_hooks import on_policy_created
 
     on_policy_created(scheduler)
+    from sglang_feather.sglang.batch_order import attach
+    from sglang_feather.sglang.options import options_of
+
+    attach(scheduler, options_of(scheduler.server_args).batch_order)
 
 
 def _after_get_prefill_adder_class(base: type, scheduler: Any) -> type:
@@ -81,10 +86,17 @@ def _after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwar
     on_step_end(scheduler, plan)
 
 
+def _after_merge_batch(_result: None, batch: Any, other: Any) -> None:
+    from sglang_feather.sglang.batch_order import after_merge
+
+    after_merge(batch, other)
+
+
 _HOOKS = {
     f"{SERVER_ARGS}.add_cli_args": _after_add_cli_args,
     f"{SERVER_ARGS}.from_cli_args": _after_from_cli_args,
     f"{SCHEDULER}.init_schedule_policy": _after_init_schedule_policy,
     f"{SCHEDULER}.get_prefill_adder_class": _after_get_prefill_adder_class,
     f"{SCHEDULER}.get_next_batch_to_run": _after_get_next_batch_to_run,
+    f"{SCHEDULE_BATCH}.merge_batch": _after_merge_batch,
 }
