@@ -18,29 +18,38 @@ class PrefixNode:
         "hash",
         "parent",
         "depth",
+        "serial",
         "num_active",
         "num_waiting",
         "candidates",
         "best",
         "global_key",
+        "arrivals",
+        "stranger_key",
         "is_alive",
     )
 
-    def __init__(self, chunk_hash: ChunkHash | None, parent: PrefixNode | None, depth: int):
+    def __init__(self, chunk_hash: ChunkHash | None, parent: PrefixNode | None, depth: int, serial: int):
         self.hash = chunk_hash
         self.parent = parent
         self.depth = depth
+        self.serial = serial
+        """Creation order: siblings are visited in this order by `prefix_order` (first seen first)."""
         self.num_active = 0
         self.num_waiting = 0
         self.candidates: list[tuple] = []
         self.best: tuple | None = None
         self.global_key: tuple | None = None
         """Key of this node's one live entry in the tree's global heap (None: no entry needed)."""
+        self.arrivals: list[tuple] | None = [] if depth == 1 else None
+        """First-level nodes only: lazy min-heap of (arrival, seq, request) of the waiting requests below."""
+        self.stranger_key: tuple[float, int] | None = None
+        """First-level nodes only: key of this node's one live entry in the tree's stranger heap."""
         self.is_alive = True
 
 
 class TrackedRequest:
-    __slots__ = ("id", "path", "arrival", "seq", "state")
+    __slots__ = ("id", "path", "arrival", "seq", "state", "suspended")
 
     def __init__(self, request_id: RequestId, path: list[PrefixNode], arrival: float, seq: int):
         self.id = request_id
@@ -48,6 +57,7 @@ class TrackedRequest:
         self.arrival = arrival
         self.seq = seq
         self.state = RequestState.WAITING
+        self.suspended = False
 
     @property
     def key(self) -> tuple[int, float, int]:
@@ -73,7 +83,7 @@ def compacted(heap: list[tuple]) -> list[tuple]:
     for entry in heap:
         item = entry[4]
         if item.__class__ is TrackedRequest:
-            alive = item.state is _WAITING
+            alive = item.state is _WAITING and not item.suspended
         else:
             alive = (
                 item.is_alive
@@ -89,17 +99,40 @@ def compacted(heap: list[tuple]) -> list[tuple]:
 
 
 def compacted_global(heap: list[tuple]) -> list[tuple]:
-    """The smallest entry per working-set node (keys are lower bounds, so the smallest is the safe one)."""
-    kept: dict[int, tuple] = {}
-    for entry in heap:
-        node = entry[4]
-        node.global_key = None
-        if (node.parent is None or (node.is_alive and node.num_active > 0)) and (
-            id(node) not in kept or entry < kept[id(node)]
-        ):
-            kept[id(node)] = entry
+    """The live entry per working-set node (the one that matches the node's `global_key`)."""
+    kept = {
+        id(entry[4]): entry
+        for entry in heap
+        if entry[:3] == entry[4].global_key and entry[4].is_alive and entry[4].num_active > 0
+    }
     compacted = list(kept.values())
+    for entry in heap:
+        entry[4].global_key = None
     for entry in compacted:
         entry[4].global_key = entry[:3]
+    heapq.heapify(compacted)
+    return compacted
+
+
+def compacted_strangers(heap: list[tuple]) -> list[tuple]:
+    """The live entry per first-level node outside the working set (the one matching its `stranger_key`)."""
+    kept = {
+        id(entry[3]): entry
+        for entry in heap
+        if entry[:2] == entry[3].stranger_key and entry[3].is_alive and entry[3].num_active == 0
+    }
+    compacted = list(kept.values())
+    for entry in heap:
+        entry[3].stranger_key = None
+    for entry in compacted:
+        entry[3].stranger_key = entry[:2]
+    heapq.heapify(compacted)
+    return compacted
+
+
+def compacted_arrivals(heap: list[tuple]) -> list[tuple]:
+    """One entry per waiting, unsuspended request, as a heap (entries are (arrival, seq, request))."""
+    kept = {id(entry[2]): entry for entry in heap if entry[2].state is _WAITING and not entry[2].suspended}
+    compacted = list(kept.values())
     heapq.heapify(compacted)
     return compacted

@@ -17,13 +17,22 @@ class ReferenceTree:
         self.hashes: dict[RequestId, list[ChunkHash]] = {}
         self.states: dict[RequestId, RequestState] = {}
         self.order: dict[RequestId, tuple[float, int]] = {}
+        self.suspended: set[RequestId] = set()
+        self.first_seen: dict[ChunkHash, int] = {}
+        """A rank per hash, renewed when a hash is inserted while no tracked request holds it."""
         self._seq = 0
+        self._num_seen = 0
 
     def insert_hashes(self, rid: RequestId, hashes: Sequence[ChunkHash], arrival: float | None = None) -> int:
         if rid in self.hashes:
             raise DuplicateRequest(rid)
         if not hashes:
             raise EmptyPrompt(rid)
+        held = {h for path in self.hashes.values() for h in path}
+        for h in hashes:
+            if h not in held:
+                self.first_seen[h] = self._num_seen
+                self._num_seen += 1
         self.hashes[rid] = list(hashes)
         self.states[rid] = RequestState.WAITING
         self.order[rid] = (float(self._seq) if arrival is None else float(arrival), self._seq)
@@ -35,6 +44,7 @@ class ReferenceTree:
             raise UnknownRequest(rid)
         if self.states[rid] is not src:
             raise InvalidTransition(rid)
+        self.suspended.discard(rid)
         if dst is None:
             del self.hashes[rid], self.states[rid], self.order[rid]
         else:
@@ -51,6 +61,23 @@ class ReferenceTree:
 
     def remove(self, rid: RequestId) -> None:
         self._move(rid, RequestState.WAITING, None)
+
+    def suspend(self, rid: RequestId) -> None:
+        if rid not in self.states:
+            raise UnknownRequest(rid)
+        if self.states[rid] is not RequestState.WAITING or rid in self.suspended:
+            raise InvalidTransition(rid)
+        self.suspended.add(rid)
+
+    def resume(self, rid: RequestId) -> None:
+        if rid not in self.states:
+            raise UnknownRequest(rid)
+        if rid not in self.suspended:
+            raise InvalidTransition(rid)
+        self.suspended.remove(rid)
+
+    def resume_all(self) -> None:
+        self.suspended.clear()
 
     def ids(self, state: RequestState) -> list[RequestId]:
         return [rid for rid, s in self.states.items() if s is state]
@@ -71,12 +98,29 @@ class ReferenceTree:
             depth += 1
         return depth
 
+    def eligible(self) -> list[RequestId]:
+        return [rid for rid in self.ids(RequestState.WAITING) if rid not in self.suspended]
+
     def best(self) -> Candidate | None:
-        waiting = self.ids(RequestState.WAITING)
-        if not waiting:
+        """Tier 1: fewest missing among requests sharing a chunk with the working set; else FCFS."""
+        eligible = self.eligible()
+        if not eligible:
             return None
-        rid = min(waiting, key=lambda r: (self.num_missing(r), *self.order[r]))
+        working = self.working_set()
+        sharing = [rid for rid in eligible if self.hashes[rid][0] in working]
+        if sharing:
+            rid = min(sharing, key=lambda r: (self.num_missing(r), *self.order[r]))
+        else:
+            rid = min(eligible, key=lambda r: self.order[r])
         return self.describe(rid)
+
+    def oldest(self) -> RequestId | None:
+        eligible = self.eligible()
+        return min(eligible, key=lambda r: self.order[r]) if eligible else None
+
+    def prefix_order(self, rids: list[RequestId]) -> list[RequestId]:
+        """Stable sort by the first-seen ranks of each path's hashes: the trie's depth-first order."""
+        return sorted(rids, key=lambda r: [self.first_seen[h] for h in self.hashes[r]])
 
     def describe(self, rid: RequestId) -> Candidate:
         path = self.hashes[rid]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +14,7 @@ from sglang_feather.cht.errors import (
     DuplicateRequest,
     EmptyPrompt,
     HashChainError,
+    InvalidArrival,
     InvalidTransition,
     UnknownRequest,
 )
@@ -25,7 +26,9 @@ from sglang_feather.cht.nodes import (
     TrackedRequest,
     best_of,
     compacted,
+    compacted_arrivals,
     compacted_global,
+    compacted_strangers,
 )
 from sglang_feather.types import ChunkHash, RequestId
 
@@ -36,16 +39,25 @@ from sglang_feather.types import ChunkHash, RequestId
 # least one running (active) request passes through it (`num_active > 0`); that set is closed under
 # prefixes. A waiting request r of `n` chunks is covered up to its deepest working-set node `p`, so it misses
 # `n - depth(p)` chunks, and `p` is the same for every waiting request that leaves the working set below `p`.
-# Hence: best = min over working-set nodes p (and the root) of [ shortest waiting request that leaves the
-# working set right below p ] - depth(p). Each node keeps a lazy min-heap `candidates` of (a) the waiting
-# requests that end exactly there and (b) its children, keyed by the child's cached `best` (the shortest,
-# then earliest, waiting request in the child's subtree); a global lazy heap holds one key per working-set
-# node. Activating a request therefore touches only its own path: each node that enters the working set
-# pushes ONE global entry, whatever the number of waiting requests below it (no per-holder update; this is
-# the trap of updating every holder of every chunk, O(W x chunks) when a group's prefix arrives). Entries
-# are never updated in place: keys only ever under-estimate (removals raise true minima), so a popped entry
-# is checked, and if stale re-keyed and pushed again (the lazy lower-bound heap). Shared-prefix depths use
-# binary search along one path, since `num_active` never grows with depth along a path.
+# Ranking has two tiers. Tier 1: the waiting requests that share at least one chunk with the working set
+# (p is not the root) rank by fewest missing chunks, then (arrival, seq). Tier 2, only when no waiting
+# request shares anything: first come, first served among these strangers, whatever their length (ranking
+# strangers by missing chunks would be shortest-prompt-first). Tier 1 = min over working-set nodes p of
+# [ shortest waiting request that leaves the working set right below p ] - depth(p). Each node keeps a lazy
+# min-heap `candidates` of (a) the waiting requests that end exactly there and (b) its children, keyed by
+# the child's cached `best` (the shortest, then earliest, waiting request in the child's subtree); a global
+# lazy heap holds one key per working-set node. Tier 2: each first-level node keeps a lazy heap of its
+# waiting requests by (arrival, seq), and a stranger heap holds one key per first-level node outside the
+# working set (pushed when the node leaves the working set or gains an earlier request). Activating a
+# request therefore touches only its own path: each node that enters the working set pushes ONE global
+# entry, whatever the number of waiting requests below it (no per-holder update; this is the trap of
+# updating every holder of every chunk, O(W x chunks) when a group's prefix arrives). Entries are never
+# updated in place: keys only ever under-estimate (removals raise true minima), so a popped entry is
+# checked, and if stale re-keyed and pushed again (the lazy lower-bound heap). A suspended request counts
+# everywhere but its entries read as stale, so it is passed over; `resume` publishes it again like an
+# insert. Every heap is compacted when its entries outnumber the live items below it by a constant factor,
+# so memory is bounded by the live requests. Shared-prefix depths use binary search along one path, since
+# `num_active` never grows with depth along a path.
 
 
 @dataclass(frozen=True)
@@ -71,26 +83,38 @@ _WAITING = RequestState.WAITING
 _ACTIVE = RequestState.ACTIVE
 
 
-class ChunkedHashTree:
-    """Waiting and running requests as chunk-hash paths; see the module's "how it works" paragraph.
+def checked_hashes(hashes: Sequence[ChunkHash]) -> array:
+    """Chunk hashes as unsigned 64-bit integers; `HashChainError` for anything else."""
+    try:
+        return array("Q", hashes)
+    except (TypeError, OverflowError, ValueError) as err:
+        raise HashChainError(f"chunk hashes must be integers in [0, 2**64): {err}") from None
+
+
+class PythonTree:
+    """The pure-Python core (and the reference the compiled one is held to); see "how it works" above.
 
     Complexity (n = chunks of the request, W = waiting requests, d = nodes that change working-set
     membership): insert O(n + log W); activate/deactivate/finish O(n + d log W); remove O(n);
-    best O(log n) amortised (a one-slot cache until the next mutation). Every error leaves the tree unchanged.
+    best O(log n) amortised (a one-slot cache until the next mutation); suspend O(1); resume like an insert
+    without hashing. Every error leaves the tree unchanged.
     """
 
     def __init__(self, chunk_size: int = DEFAULT_CHUNK_SIZE):
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.chunk_size = chunk_size
-        self._root = PrefixNode(None, None, 0)
+        self._root = PrefixNode(None, None, 0, -1)
         self._nodes: dict[ChunkHash, PrefixNode] = {}
         self._requests: dict[RequestId, TrackedRequest] = {}
         self._active: dict[RequestId, TrackedRequest] = {}
+        self._suspended: dict[RequestId, TrackedRequest] = {}
         self._global: list[tuple] = []
+        self._strangers: list[tuple] = []
         self._by_arrival: list[tuple] = []
         self._shared: PrefixNode | None = None
         self._seq = itertools.count()
+        self._serial = itertools.count()
         self._push_id = itertools.count()
         self._best_cache: Candidate | None = None
         self._best_valid = False
@@ -112,8 +136,20 @@ class ChunkedHashTree:
         return len(self._requests) - len(self._active)
 
     @property
+    def num_suspended(self) -> int:
+        return len(self._suspended)
+
+    @property
     def num_nodes(self) -> int:
         return len(self._nodes)
+
+    @property
+    def num_index_entries(self) -> int:
+        """Entries in every internal heap (a diagnostic: bounded by a constant times the live requests)."""
+        total = len(self._global) + len(self._strangers) + len(self._by_arrival)
+        for node in self._nodes.values():
+            total += len(node.candidates) + (len(node.arrivals) if node.arrivals is not None else 0)
+        return total
 
     @property
     def shared_depth(self) -> int:
@@ -124,6 +160,9 @@ class ChunkedHashTree:
         req = self._requests.get(request_id)
         return req.state if req is not None else None
 
+    def is_suspended(self, request_id: RequestId) -> bool:
+        return self._get(request_id).suspended
+
     def waiting_ids(self) -> Iterator[RequestId]:
         return (rid for rid, req in self._requests.items() if req.state is _WAITING)
 
@@ -132,6 +171,10 @@ class ChunkedHashTree:
 
     def num_chunks(self, request_id: RequestId) -> int:
         return len(self._get(request_id).path)
+
+    def path_hashes(self, request_id: RequestId) -> tuple[ChunkHash, ...]:
+        """The request's cumulative chunk hashes, as inserted."""
+        return tuple(node.hash for node in self._get(request_id).path)
 
     def num_missing(self, request_id: RequestId) -> int:
         """Chunks of the request's prompt not held by any running request."""
@@ -150,7 +193,7 @@ class ChunkedHashTree:
         )
 
     def best(self) -> Candidate | None:
-        """The waiting request with the fewest missing chunks (ties: earliest arrival), or None."""
+        """The next waiting, unsuspended request by the two-tier rule (see "how it works"), or None."""
         if not self._best_valid:
             req = self._pop_best()
             self._best_cache = self._describe(req) if req is not None else None
@@ -165,14 +208,54 @@ class ChunkedHashTree:
         return self._describe(req)
 
     def oldest(self) -> RequestId | None:
-        """The earliest-arrived waiting request, or None."""
+        """The earliest-arrived waiting, unsuspended request, or None."""
         heap = self._by_arrival
         while heap:
             req = heap[0][2]
-            if req.state is _WAITING and self._requests.get(req.id) is req:
+            if req.state is _WAITING and not req.suspended and self._requests.get(req.id) is req:
                 return req.id
             heapq.heappop(heap)
         return None
+
+    def prefix_order(self, request_ids: Iterable[RequestId]) -> list[RequestId]:
+        """The given requests (any state) in the trie's depth-first order, children first-seen first.
+
+        Requests that share a prefix are contiguous at every depth, a request comes before those that extend
+        its prompt, and equal paths keep their given order. Groups are split at their longest common prefix
+        (binary search along each path), so the cost is O(R log n) per branching level, not O(R n).
+        """
+        order: list[RequestId] = []
+        reqs = [self._get(rid) for rid in request_ids]
+        stack: list[tuple[list[TrackedRequest], int]] = [(reqs, 0)] if reqs else []
+        while stack:
+            group, depth = stack.pop()
+            if len(group) == 1:
+                order.append(group[0].id)
+                continue
+            first = group[0].path
+            common = len(first)
+            for req in group:
+                path = req.path
+                limit = min(common, len(path))
+                if limit > depth and path[limit - 1] is not first[limit - 1]:
+                    lo, hi = depth, limit - 1
+                    while lo < hi:
+                        mid = (lo + hi + 1) // 2
+                        if path[mid - 1] is first[mid - 1]:
+                            lo = mid
+                        else:
+                            hi = mid - 1
+                    limit = lo
+                common = limit
+            branches: dict[int, list[TrackedRequest]] = {}
+            for req in group:
+                if len(req.path) == common:
+                    order.append(req.id)
+                else:
+                    branches.setdefault(req.path[common].serial, []).append(req)
+            for serial in sorted(branches, reverse=True):
+                stack.append((branches[serial], common + 1))
+        return order
 
     # ----------------------------------------------------------------- mutations
 
@@ -197,22 +280,27 @@ class ChunkedHashTree:
         """Add a waiting request from precomputed cumulative hashes (e.g. vLLM's block hashes)."""
         if request_id in self._requests:
             raise DuplicateRequest(f"request {request_id!r} is already in the tree")
+        hashes = checked_hashes(hashes)
         if not hashes:
             raise EmptyPrompt(f"request {request_id!r} has no chunks")
+        if arrival is not None and arrival != arrival:
+            raise InvalidArrival(f"request {request_id!r} has arrival NaN")
         path, num_existing = self._build_path(hashes)
         seq = next(self._seq)
         req = TrackedRequest(request_id, path, float(seq) if arrival is None else float(arrival), seq)
         self._requests[request_id] = req
         for node in path:
             node.num_waiting += 1
-        self._offer(req, num_existing)
-        heapq.heappush(self._by_arrival, (req.arrival, seq, req))
+        self._publish(req, num_existing)
         self._best_valid = False
         return len(path)
 
     def activate(self, request_id: RequestId) -> None:
         """A waiting request joins the running batch: its chunks enter the working set."""
         req = self._expect(request_id, _WAITING)
+        if req.suspended:
+            req.suspended = False
+            del self._suspended[request_id]
         req.state = _ACTIVE
         self._active[request_id] = req
         path = req.path
@@ -240,10 +328,10 @@ class ChunkedHashTree:
         req.state = _WAITING
         leaf = req.path[-1]
         self._push(leaf, req.key, req)
+        self._push_arrival(req)
         self._leave_working_set(req)
         if leaf.num_active > 0:
             self._push_global(leaf)
-        heapq.heappush(self._by_arrival, (req.arrival, req.seq, req))
         self._best_valid = False
 
     def finish(self, request_id: RequestId) -> None:
@@ -253,16 +341,21 @@ class ChunkedHashTree:
         del self._requests[request_id]
         req.state = None
         self._release_nodes(req.path)
+        self._trim_roots()
         self._best_valid = False
 
     def remove(self, request_id: RequestId) -> None:
         """A waiting request leaves for good (aborted before it ran)."""
         req = self._expect(request_id, _WAITING)
+        if req.suspended:
+            req.suspended = False
+            del self._suspended[request_id]
         del self._requests[request_id]
         req.state = None
         for node in req.path:
             node.num_waiting -= 1
         self._release_nodes(req.path)
+        self._trim_roots()
         self._best_valid = False
 
     def discard(self, request_id: RequestId) -> bool:
@@ -275,6 +368,29 @@ class ChunkedHashTree:
         else:
             self.remove(request_id)
         return True
+
+    def suspend(self, request_id: RequestId) -> None:
+        """Pass a waiting request over in `best()` and `oldest()` until `resume`; it still counts everywhere."""
+        req = self._expect(request_id, _WAITING)
+        if req.suspended:
+            raise InvalidTransition(f"request {request_id!r} is already suspended")
+        req.suspended = True
+        self._suspended[request_id] = req
+        self._best_valid = False
+
+    def resume(self, request_id: RequestId) -> None:
+        """Make a suspended request eligible again."""
+        req = self._get(request_id)
+        if not req.suspended:
+            raise InvalidTransition(f"request {request_id!r} is not suspended")
+        req.suspended = False
+        del self._suspended[request_id]
+        self._publish(req, len(req.path))
+        self._best_valid = False
+
+    def resume_all(self) -> None:
+        for request_id in list(self._suspended):
+            self.resume(request_id)
 
     # ----------------------------------------------------------------- internals: paths and counts
 
@@ -291,37 +407,36 @@ class ChunkedHashTree:
         return req
 
     def _build_path(self, hashes: Sequence[ChunkHash]) -> tuple[list[PrefixNode], int]:
-        """The nodes for `hashes` and how many already existed; existing nodes form a prefix of any path."""
+        """The nodes for `hashes` and how many already existed; refuses anything that is not one chain.
+
+        Existing nodes must form a prefix of the list, each the child of the one before (so a hash known at
+        another depth or under another parent is refused), and the rest must be new and distinct.
+        """
         nodes = self._nodes
-        lo, hi = 0, len(hashes)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if hashes[mid - 1] in nodes:
-                lo = mid
-            else:
-                hi = mid - 1
         path: list[PrefixNode] = []
-        if lo:
-            node = nodes[hashes[lo - 1]]
-            if node.depth != lo:
+        parent = self._root
+        for chunk_hash in hashes:
+            node = nodes.get(chunk_hash)
+            if node is None:
+                break
+            if node.parent is not parent:
                 raise HashChainError(
-                    f"hash {hashes[lo - 1]:#x} at depth {lo} is already at depth {node.depth}: hashes are not "
-                    "cumulative or two prefixes collide"
+                    f"hash {chunk_hash!r} at depth {len(path) + 1} is already at depth {node.depth} under "
+                    "another prefix: hashes are not cumulative or two prefixes collide"
                 )
-            while node.parent is not None:
-                path.append(node)
-                node = node.parent
-            path.reverse()
-        fresh = hashes[lo:]
+            path.append(node)
+            parent = node
+        num_existing = len(path)
+        fresh = hashes[num_existing:]
         if len(set(fresh)) != len(fresh) or any(h in nodes for h in fresh):
             raise HashChainError(
                 "a hash repeats or skips a level within one request: hashes are not cumulative"
             )
-        parent = path[-1] if path else self._root
-        for depth, chunk_hash in enumerate(fresh, start=lo + 1):
-            parent = nodes[chunk_hash] = PrefixNode(chunk_hash, parent, depth)
+        serial = self._serial
+        for depth, chunk_hash in enumerate(fresh, start=num_existing + 1):
+            parent = nodes[chunk_hash] = PrefixNode(chunk_hash, parent, depth, next(serial))
             path.append(parent)
-        return path, lo
+        return path, num_existing
 
     def _release_nodes(self, path: list[PrefixNode]) -> None:
         for node in reversed(path):
@@ -329,8 +444,28 @@ class ChunkedHashTree:
                 break
             node.is_alive = False
             node.candidates = []
+            node.arrivals = None
             node.best = None
+            node.global_key = None
+            node.stranger_key = None
             del self._nodes[node.hash]
+        for node in path:
+            if not node.is_alive:
+                break
+            live = node.num_waiting + node.num_active
+            if len(node.candidates) > 4 * live + COMPACT_MIN:
+                node.candidates = compacted(node.candidates)
+            if node.arrivals is not None and len(node.arrivals) > 4 * live + COMPACT_MIN:
+                node.arrivals = compacted_arrivals(node.arrivals)
+
+    def _trim_roots(self) -> None:
+        """Keep the tree-wide heaps bounded by the live requests and nodes after a request leaves."""
+        if len(self._global) > 2 * len(self._nodes) + COMPACT_MIN:
+            self._global = compacted_global(self._global)
+        if len(self._strangers) > 2 * len(self._nodes) + COMPACT_MIN:
+            self._strangers = compacted_strangers(self._strangers)
+        if len(self._by_arrival) > 2 * len(self._requests) + COMPACT_MIN:
+            self._by_arrival = compacted_arrivals(self._by_arrival)
 
     @staticmethod
     def _last_depth(path: list[PrefixNode], limit: int, threshold: int) -> int:
@@ -372,10 +507,13 @@ class ChunkedHashTree:
                 node.best = None
                 continue
             best = self._refresh(node)
-            if best is not None:
+            if best is not None and node.depth > 1:
                 self._push(node.parent, best[:3], node)
         if left and left[0].num_waiting:
-            self._push_global(left[0].parent)  # still in the working set (prefix-closed), or the root
+            if left[0].depth > 1:
+                self._push_global(left[0].parent)  # still in the working set (prefix-closed)
+            else:
+                self._push_stranger(left[0])
         self._update_shared_after_leave()
 
     # ----------------------------------------------------------------- internals: the lazy heaps
@@ -383,16 +521,26 @@ class ChunkedHashTree:
     def _push(self, node: PrefixNode, key: tuple, item: PrefixNode | TrackedRequest) -> None:
         heap = node.candidates
         heapq.heappush(heap, (*key, next(self._push_id), item))
-        num_live = node.num_waiting + node.num_active if node.parent is not None else len(self._requests)
-        if len(heap) > 4 * num_live + COMPACT_MIN:
+        if len(heap) > 4 * (node.num_waiting + node.num_active) + COMPACT_MIN:
             node.candidates = compacted(heap)
 
+    def _publish(self, req: TrackedRequest, num_existing: int) -> None:
+        """Make a waiting request findable: the tier-1 entries, its first node's arrival heap, `oldest`."""
+        self._offer(req, num_existing)
+        self._push_arrival(req)
+        first = req.path[0]
+        if first.num_active == 0:
+            key = (req.arrival, req.seq)
+            if first.stranger_key is None or key < first.stranger_key:
+                self._push_stranger_key(first, key)
+
     def _offer(self, req: TrackedRequest, num_existing: int) -> None:
-        """Publish a new waiting request: terminal entry at its leaf, then cached bests up to the working set.
+        """Publish a waiting request for tier 1: terminal entry at its leaf, then cached bests upwards.
 
         Nodes created for this request hold only it, so their heaps are built directly. Above them, a cached
         `best` (even one whose request has left) is a lower bound of its subtree's true minimum, so the walk
-        stops at the first node whose cached key is already <= ours.
+        stops at the first node whose cached key is already <= ours, at a working-set node (which gets a
+        global entry), or at the first level (whose entry waits until the node enters the working set).
         """
         key = req.key
         path = req.path
@@ -403,16 +551,20 @@ class ChunkedHashTree:
                 node.candidates = [(*key, next(self._push_id), below)]
                 node.best = best
                 below = node
-            node = path[num_existing].parent
+            if num_existing == 0:
+                return
+            node = path[num_existing - 1]
             self._push(node, key, below)
         else:
             node = path[-1]
             self._push(node, key, req)
-        while node.num_active == 0 and node.parent is not None:
+        while node.num_active == 0:
             best = node.best
             if best is not None and best[:3] <= key:
                 return
             node.best = (*key, req)
+            if node.depth == 1:
+                return
             self._push(node.parent, key, node)
             node = node.parent
         self._push_global(node)
@@ -427,8 +579,42 @@ class ChunkedHashTree:
         node.global_key = key
         heap = self._global
         heapq.heappush(heap, (*key, next(self._push_id), node))
-        if len(heap) > 2 * (len(self._nodes) + 1) + COMPACT_MIN:
+        if len(heap) > 2 * len(self._nodes) + COMPACT_MIN:
             self._global = compacted_global(heap)
+
+    def _push_arrival(self, req: TrackedRequest) -> None:
+        """Entries in the first node's arrival heap (tier 2) and the tree's arrival order (`oldest`)."""
+        entry = (req.arrival, req.seq, req)
+        first = req.path[0]
+        heapq.heappush(first.arrivals, entry)
+        if len(first.arrivals) > 4 * (first.num_waiting + first.num_active) + COMPACT_MIN:
+            first.arrivals = compacted_arrivals(first.arrivals)
+        heapq.heappush(self._by_arrival, entry)
+        if len(self._by_arrival) > 2 * len(self._requests) + COMPACT_MIN:
+            self._by_arrival = compacted_arrivals(self._by_arrival)
+
+    def _push_stranger(self, first: PrefixNode) -> None:
+        """A first-level node outside the working set: make sure the stranger heap bounds its earliest request."""
+        top = self._settle_arrivals(first)
+        if top is not None and (first.stranger_key is None or top[:2] < first.stranger_key):
+            self._push_stranger_key(first, top[:2])
+
+    def _push_stranger_key(self, first: PrefixNode, key: tuple[float, int]) -> None:
+        first.stranger_key = key
+        heap = self._strangers
+        heapq.heappush(heap, (*key, next(self._push_id), first))
+        if len(heap) > 2 * len(self._nodes) + COMPACT_MIN:
+            self._strangers = compacted_strangers(heap)
+
+    @staticmethod
+    def _settle_arrivals(first: PrefixNode) -> tuple | None:
+        heap = first.arrivals
+        while heap:
+            req = heap[0][2]
+            if req.state is _WAITING and not req.suspended:
+                return heap[0]
+            heapq.heappop(heap)
+        return None
 
     def _settle(self, node: PrefixNode) -> tuple | None:
         """Drop stale entries from the top of `node.candidates`; the valid top entry, or None.
@@ -445,7 +631,7 @@ class ChunkedHashTree:
                 entry = heap[0]
                 item = entry[4]
                 if item.__class__ is TrackedRequest:
-                    if item.state is _WAITING:
+                    if item.state is _WAITING and not item.suspended:
                         break
                 elif (
                     item.is_alive
@@ -453,7 +639,8 @@ class ChunkedHashTree:
                     and item.best is not None
                     and item.best[:3] == entry[:3]
                 ):
-                    if item.best[3].state is _WAITING:
+                    best_req = item.best[3]
+                    if best_req.state is _WAITING and not best_req.suspended:
                         break
                     blocked = item
                 heapq.heappop(heap)
@@ -476,6 +663,9 @@ class ChunkedHashTree:
         return node.best
 
     def _pop_best(self) -> TrackedRequest | None:
+        return self._pop_sharing() or self._pop_stranger()
+
+    def _pop_sharing(self) -> TrackedRequest | None:
         heap = self._global
         while heap:
             entry = heap[0]
@@ -483,7 +673,7 @@ class ChunkedHashTree:
             if entry[:3] != node.global_key:
                 heapq.heappop(heap)  # superseded by the node's newer, smaller entry (or no longer needed)
                 continue
-            if node.parent is not None and (not node.is_alive or node.num_active == 0):
+            if not node.is_alive or node.num_active == 0:
                 node.global_key = None
                 heapq.heappop(heap)
                 continue
@@ -498,6 +688,30 @@ class ChunkedHashTree:
                 heapq.heapreplace(heap, (*key, next(self._push_id), node))
                 continue
             return best_of(top)[3]
+        return None
+
+    def _pop_stranger(self) -> TrackedRequest | None:
+        heap = self._strangers
+        while heap:
+            entry = heap[0]
+            first = entry[3]
+            if entry[:2] != first.stranger_key:
+                heapq.heappop(heap)
+                continue
+            if not first.is_alive or first.num_active > 0:
+                first.stranger_key = None
+                heapq.heappop(heap)
+                continue
+            top = self._settle_arrivals(first)
+            if top is None:
+                first.stranger_key = None
+                heapq.heappop(heap)
+                continue
+            if top[:2] != first.stranger_key:
+                first.stranger_key = top[:2]
+                heapq.heapreplace(heap, (*top[:2], next(self._push_id), first))
+                continue
+            return top[2]
         return None
 
     def _describe(self, req: TrackedRequest) -> Candidate:

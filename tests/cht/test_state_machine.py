@@ -1,10 +1,18 @@
 """Hypothesis state machine: the Chunked Hash Tree against the brute-force reference after every operation."""
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
-from sglang_feather.cht import ChunkedHashTree, RequestState, chunk_hashes
+from sglang_feather.cht import InvalidTransition, PythonTree, RequestState, chunk_hashes
 from sglang_feather.cht.reference import ReferenceTree
 
 CHUNK = 2
@@ -15,9 +23,11 @@ prompts = st.lists(st.integers(0, 2), min_size=1, max_size=12).map(
 
 
 class TreeVsReference(RuleBasedStateMachine):
+    tree_cls = PythonTree
+
     @initialize()
     def start(self):
-        self.tree = ChunkedHashTree(chunk_size=CHUNK)
+        self.tree = self.tree_cls(chunk_size=CHUNK)
         self.ref = ReferenceTree()
         self.next_id = 0
 
@@ -28,7 +38,55 @@ class TreeVsReference(RuleBasedStateMachine):
     def insert(self, tokens):
         hashes = chunk_hashes(tokens, CHUNK)
         assert self.tree.insert(self.next_id, tokens) == self.ref.insert_hashes(self.next_id, hashes)
+        assert self.tree.path_hashes(self.next_id) == tuple(hashes)
         self.next_id += 1
+
+    @rule(tokens=prompts, arrival=st.integers(-3, 3))
+    def insert_with_arrival(self, tokens, arrival):
+        hashes = chunk_hashes(tokens, CHUNK)
+        assert self.tree.insert(self.next_id, tokens, arrival=arrival) == self.ref.insert_hashes(
+            self.next_id, hashes, arrival
+        )
+        self.next_id += 1
+
+    @precondition(lambda self: self.ref.eligible())
+    @rule(data=st.data())
+    def suspend(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.ref.eligible())))
+        self.tree.suspend(rid)
+        self.ref.suspend(rid)
+        assert self.tree.is_suspended(rid) and self.tree.state(rid) is RequestState.WAITING
+
+    @precondition(lambda self: self.ref.suspended)
+    @rule(data=st.data())
+    def resume(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.ref.suspended)))
+        self.tree.resume(rid)
+        self.ref.resume(rid)
+
+    @rule()
+    def resume_all(self):
+        self.tree.resume_all()
+        self.ref.resume_all()
+
+    @precondition(lambda self: self.ref.states)
+    @rule(data=st.data())
+    def refused_transition(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.ref.states)))
+        call = data.draw(st.sampled_from(["suspend", "resume"]))
+        try:
+            getattr(self.ref, call)(rid)
+        except InvalidTransition:
+            with pytest.raises(InvalidTransition):
+                getattr(self.tree, call)(rid)
+        else:
+            getattr(self.tree, call)(rid)
+
+    @precondition(lambda self: self.ref.states)
+    @rule(data=st.data())
+    def prefix_order(self, data):
+        rids = data.draw(st.lists(st.sampled_from(sorted(self.ref.states)), min_size=1, unique=True))
+        assert self.tree.prefix_order(rids) == self.ref.prefix_order(rids)
 
     @precondition(lambda self: self.ref.ids(RequestState.WAITING))
     @rule(data=st.data())
@@ -37,7 +95,7 @@ class TreeVsReference(RuleBasedStateMachine):
         self.tree.activate(rid)
         self.ref.activate(rid)
 
-    @precondition(lambda self: self.ref.ids(RequestState.WAITING))
+    @precondition(lambda self: self.ref.eligible())
     @rule()
     def activate_best(self):
         best = self.tree.best()
@@ -83,12 +141,15 @@ class TreeVsReference(RuleBasedStateMachine):
         assert self.tree.shared_depth == self.ref.shared_depth()
         assert self.tree.num_active == len(self.ref.ids(RequestState.ACTIVE))
         assert self.tree.num_waiting == len(self.ref.ids(RequestState.WAITING))
-        waiting = self.ref.ids(RequestState.WAITING)
-        oldest = min(waiting, key=lambda r: self.ref.order[r]) if waiting else None
-        assert self.tree.oldest() == oldest
+        assert self.tree.num_suspended == len(self.ref.suspended)
+        assert self.tree.oldest() == self.ref.oldest()
 
 
-TreeVsReference.TestCase.settings = settings(
+SETTINGS = settings(
     max_examples=300, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
-test_tree_matches_reference = TreeVsReference.TestCase
+
+
+def test_tree_matches_reference(tree_cls):
+    machine = type(f"{tree_cls.__name__}VsReference", (TreeVsReference,), {"tree_cls": tree_cls})
+    run_state_machine_as_test(machine, settings=SETTINGS)
