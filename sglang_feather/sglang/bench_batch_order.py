@@ -30,7 +30,6 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 from sglang_feather.sglang import batch_order  # noqa: E402
 from sglang_feather.sglang.options import FeatherOptions  # noqa: E402
 from sglang_feather.sglang.policy import FeatherSchedulePolicy  # noqa: E402
-from sglang_feather.sglang.scheduler_hooks import on_step_end  # noqa: E402
 
 CHUNK = 16
 NUM_GROUPS = 16
@@ -108,8 +107,9 @@ class _Bench:
         batch.input_ids = torch.full((len(batch.reqs),), 7, dtype=torch.int64)
 
     def track(self, *batches: ScheduleBatch) -> None:
-        step = SimpleNamespace(reqs=[req for batch in batches for req in batch.reqs])
-        on_step_end(self.scheduler, SimpleNamespace(batch_to_run=None, running_batch=step))
+        """Feather's reconcile: every request of `batches` running, as after admission."""
+        running = [req for batch in batches for req in batch.reqs]
+        self.scheduler.policy.feather.mirror.sync([], running, complete=True)
 
 
 def run(num_running: int, num_merged: int, num_merges: int, model_config: ModelConfig, seed: int = 0) -> Row:

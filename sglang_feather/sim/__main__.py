@@ -5,13 +5,26 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict, replace
 
-from sglang_feather.sim.cli import build_parser, engine_config, sweep_values, workload_config
+from sglang_feather.sim.cli import (
+    admission_config,
+    build_parser,
+    engine_config,
+    sweep_values,
+    workload_config,
+)
 from sglang_feather.sim.cost import PhysicsCostModel
 from sglang_feather.sim.cpu import FixedCpu, MeasuredCpu
 from sglang_feather.sim.plots import plot_sweep
 from sglang_feather.sim.policies import POLICIES, PolicyError
 from sglang_feather.sim.profile import ProfileError, load_profile
-from sglang_feather.sim.report import summarize, summary_dict, table, write_json
+from sglang_feather.sim.report import (
+    summarize,
+    summary_dict,
+    table,
+    wait_by_length,
+    wait_table,
+    write_json,
+)
 from sglang_feather.sim.run import RunSpec, simulate
 from sglang_feather.sim.trace import TraceError, read_jsonl, write_jsonl
 from sglang_feather.sim.workloads import make_workload
@@ -38,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"profile error: {e}") from None
     cost = PhysicsCostModel(prof)
     config = engine_config(args)
+    admission = admission_config(args)
     cpu = MeasuredCpu() if args.fixed_cpu_ms is None else FixedCpu(args.fixed_cpu_ms / 1e3)
     key, values = sweep_values(args.sweep)
     provenance = prof.provenance()
@@ -53,16 +67,9 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"workload error: {e}") from None
         if args.export_trace:
             write_jsonl(requests, args.export_trace)
-        summaries = []
+        summaries, waits = [], []
         for policy in policies:
-            spec = RunSpec(
-                policy,
-                args.stopper,
-                dict(args.stopper_option),
-                args.chunk_size,
-                None if args.no_aging else args.max_wait_s,
-                args.seed,
-            )
+            spec = RunSpec(policy, admission)
             bar, update = _progress(len(requests), policy, not args.no_progress)
             try:
                 log = simulate(requests, cost, spec, config, cpu, update)
@@ -73,18 +80,24 @@ def main(argv: list[str] | None = None) -> int:
                     bar.close()
             s = summarize(policy, log)
             summaries.append(s)
+            bins = wait_by_length(log, max(1, args.wait_bins), args.long_wait_s)
+            waits.append((policy, bins))
             runs.append(
                 {
                     "sweep": {key: value} if key else {},
-                    "spec": asdict(spec),
+                    "spec": spec.to_dict(),
                     "workload": asdict(wcfg),
                     **summary_dict(s),
+                    "wait_by_length": [asdict(b) for b in bins],
                 }
             )
             points.append({"value": value, "policy": policy, "output_tok_s": s.output_tok_s})
         label = args.trace or args.workload
         print(f"\n## {label}" + (f" {key}={value}" if key else "") + f" on {cost.name}")
         print(table(summaries))
+        if args.wait_bins:
+            print(f"\nqueue wait by prompt length ({args.wait_bins} bins of equal request count)")
+            print(wait_table(waits, args.long_wait_s))
     meta = {
         "profile": provenance,
         "constants": prof.constants,

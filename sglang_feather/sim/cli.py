@@ -6,11 +6,10 @@ import argparse
 import json
 from dataclasses import fields
 
-from sglang_feather.admission import DEFAULT_STOPPER
-from sglang_feather.cht import DEFAULT_CHUNK_SIZE
-from sglang_feather.policy import DEFAULT_MAX_WAIT_S, policy_names
+from sglang_feather.admission import AdmissionConfig, ConfigError
+from sglang_feather.policy import policy_names
 from sglang_feather.sim import profile
-from sglang_feather.sim.engine import EngineConfig
+from sglang_feather.sim.engine import BATCH_ORDERS, EngineConfig
 from sglang_feather.sim.policies import POLICIES
 from sglang_feather.sim.workloads import WORKLOADS, WorkloadConfig
 
@@ -37,6 +36,7 @@ def _option(text: str) -> tuple[str, object]:
 def build_parser() -> argparse.ArgumentParser:
     d = WorkloadConfig()
     e = EngineConfig()
+    a = AdmissionConfig()
     p = argparse.ArgumentParser(
         prog="python -m sglang_feather.sim",
         description="Replay a workload through a model of SGLang 0.5.23 continuous batching on one GPU and "
@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=sorted(WORKLOADS),
         default="paper",
         help="gsp: SGLang generated-shared-prefix; paper: 8 groups x 100; leval: long documents with "
-        "several questions; chat: multi-turn conversations; none: no sharing",
+        "several questions; rag: Zipf-popular documents + a question; chat: multi-turn conversations; "
+        "none: no sharing",
     )
     w.add_argument("--trace", help="replay this JSONL trace instead of generating a workload")
     w.add_argument("--export-trace", help="write the (generated) trace to this JSONL file")
@@ -68,17 +69,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--output-len", type=int, default=d.output_len, help="output tokens per request (fixed length)"
     )
     w.add_argument("--group-dist", choices=("uniform", "zipf"), default=d.group_dist, help="gsp: group sizes")
-    w.add_argument("--zipf-alpha", type=float, default=d.zipf_alpha, help="gsp: Zipf exponent of group sizes")
+    w.add_argument(
+        "--zipf-alpha",
+        type=float,
+        default=d.zipf_alpha,
+        help="gsp: Zipf exponent of group sizes; rag: of document popularity",
+    )
     w.add_argument(
         "--ordered", action="store_true", help="keep requests grouped in arrival order (default: shuffled)"
     )
     w.add_argument(
-        "--num-requests", type=int, default=d.num_requests, help="none: requests; chat: conversations"
+        "--num-requests", type=int, default=d.num_requests, help="none, rag: requests; chat: conversations"
     )
     w.add_argument("--prompt-len", type=int, default=d.prompt_len, help="none: prompt tokens")
-    w.add_argument("--num-docs", type=int, default=d.num_docs, help="leval: documents")
+    w.add_argument("--num-docs", type=int, default=d.num_docs, help="leval, rag: documents")
     w.add_argument(
-        "--doc-len-range", type=_range, default=d.doc_len_range, help="leval: document tokens LO:HI"
+        "--doc-len-range", type=_range, default=d.doc_len_range, help="leval, rag: document tokens LO:HI"
     )
     w.add_argument(
         "--questions-range",
@@ -99,9 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = p.add_argument_group("policies")
     s.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, from {sorted(POLICIES)}")
-    s.add_argument(
-        "--stopper", choices=policy_names(), default=DEFAULT_STOPPER, help="feather: stopping policy"
-    )
+    s.add_argument("--stopper", choices=policy_names(), default=a.stopper, help="feather: stopping policy")
     s.add_argument(
         "--stopper-option",
         type=_option,
@@ -110,11 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="feather: stopper option (JSON value), repeatable",
     )
-    s.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="feather: CHT chunk tokens")
-    s.add_argument(
-        "--max-wait-s", type=float, default=DEFAULT_MAX_WAIT_S, help="feather: aging bound in seconds"
-    )
+    s.add_argument("--chunk-size", type=int, default=a.chunk_size, help="feather: CHT chunk tokens")
+    s.add_argument("--max-wait-s", type=float, default=a.max_wait_s, help="feather: aging bound in seconds")
     s.add_argument("--no-aging", action="store_true", help="feather: disable the aging guard")
+    s.add_argument(
+        "--defer-uncached-prefix",
+        action=argparse.BooleanOptionalAction,
+        default=a.defer_uncached_prefix,
+        help="feather: skip a request whose shared prefix is being computed and not cached yet",
+    )
 
     g = p.add_argument_group("cost model")
     g.add_argument("--gpu", choices=profile.available("gpu"), default="h200", help="GPU profile")
@@ -156,9 +164,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--warm-cache", action="store_true", help="start with every shared prefix cached (paper's warm-up)"
     )
     n.add_argument(
-        "--overlap-cpu",
-        action="store_true",
-        help="overlap scheduler: a step takes max(GPU, CPU) (the report shows both modes anyway)",
+        "--overlap-schedule",
+        action=argparse.BooleanOptionalAction,
+        default=e.overlap_schedule,
+        help="SGLang's overlap scheduler (its default): a step takes max(GPU, CPU), and a finished prefill is "
+        "cached only after the next pass is scheduled (--no-overlap-schedule = --disable-overlap-schedule)",
+    )
+    n.add_argument(
+        "--batch-order",
+        choices=sorted(BATCH_ORDERS),
+        default=e.batch_order,
+        help="running-batch order: admission (SGLang's merge_batch appends) or prefix (requests sharing a "
+        "prefix contiguous, re-sorted after each merge)",
+    )
+    n.add_argument(
+        "--max-concurrency",
+        type=int,
+        help="client limit on requests in flight, as bench_serving --max-concurrency (default: none)",
     )
     n.add_argument(
         "--fixed-cpu-ms", type=float, help="charge this scheduler CPU per call instead of measuring"
@@ -168,12 +190,36 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--json", help="write every summary and the profile provenance to this JSON file")
     o.add_argument("--plot-dir", help="with --sweep: write throughput_vs_<key>.png here")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument(
+        "--wait-bins",
+        type=int,
+        default=0,
+        help="also print queue-wait quantiles per prompt-length quantile bin (this many bins; 0 = off)",
+    )
+    o.add_argument(
+        "--long-wait-s", type=float, default=20.0, help="with --wait-bins: count waits longer than this"
+    )
     return p
 
 
 def workload_config(args: argparse.Namespace) -> WorkloadConfig:
     names = {f.name for f in fields(WorkloadConfig)}
     return WorkloadConfig(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def admission_config(args: argparse.Namespace) -> AdmissionConfig:
+    """Feather's options; fields without a flag keep production's defaults."""
+    try:
+        return AdmissionConfig(
+            chunk_size=args.chunk_size,
+            stopper=args.stopper,
+            stopper_options=dict(args.stopper_option),
+            max_wait_s=None if args.no_aging else args.max_wait_s,
+            seed=args.seed,
+            defer_uncached_prefix=args.defer_uncached_prefix,
+        )
+    except ConfigError as e:
+        raise SystemExit(f"feather option error: {e}") from None
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -185,7 +231,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         new_token_ratio=args.new_token_ratio,
         block_size=args.block_size,
         kv_capacity_tokens=args.kv_capacity_tokens,
-        overlap_cpu=args.overlap_cpu,
+        overlap_schedule=args.overlap_schedule,
+        batch_order=args.batch_order,
+        max_concurrency=args.max_concurrency,
         warm_cache=args.warm_cache,
     )
 

@@ -18,17 +18,40 @@ from sglang_feather.sim.requests import Phase, ReqState, output_tokens
 from sglang_feather.sim.sharing import DEFAULT_BLOCK_SIZE, block_ends, block_hashes
 from sglang_feather.sim.trace import TokenSource, TraceError
 
+
 # How it works.
 #
-# Each iteration is one scheduler pass followed by one forward step. Arrivals join the waiting queue; when
-# the queue is non-empty and the batch is not marked full, the policy runs (its CPU time is charged) and
-# admits requests through `try_admit`, which applies SGLang's PrefillAdder budgets (KV room after reserving
-# every running request's remaining output, max prefill tokens, chunked prefill size, request slots) and
-# stops the pass at the first request that does not fit. A pass that admitted something runs a prefill step
-# (matched prefix skipped, the rest computed, first token sampled); otherwise the running batch takes one
-# decode step. New requests are appended to the running batch in admission order, as SGLang's `merge_batch`
-# does, and the cost model sees that order. When a decode step has no KV room, requests are retracted in
-# SGLang's order (fewest outputs, then longest prompt, first) and re-queued.
+# Each iteration is one scheduler pass followed by one forward step. Arrivals join the waiting queue (at most
+# `max_concurrency` in flight when a bench_serving-like client limit is set); when the queue is non-empty and
+# the batch is not marked full, the policy runs (its CPU time is charged) and admits requests through
+# `try_admit`, which applies SGLang's PrefillAdder budgets (KV room after reserving every running request's
+# remaining output, max prefill tokens, chunked prefill size, request slots) and stops the pass at the first
+# request that does not fit. A pass that admitted something runs a prefill step (matched prefix skipped, the
+# rest computed, first token sampled); otherwise the running batch takes one decode step. New requests join
+# the running batch in admission order, as SGLang's `merge_batch` does, or permuted so that requests sharing
+# a prefix are contiguous (`batch_order="prefix"`); the cost model sees that order. When a decode step has
+# no KV room, requests are retracted in SGLang's order (fewest outputs, then longest prompt, first).
+#
+# Publication to the prefix cache follows SGLang's scheduler. A chunked prefill's computed part is
+# published at the start of the next pass, before admission (`stash_chunked_request`). A completed prefill
+# is published when its result is processed: right after its step without the overlap scheduler, but with
+# it (`event_loop_overlap`, SGLang's default) only after the *next* pass has been scheduled, so requests
+# admitted in the very next pass cannot match a prompt that is already running.
+def _admission_order(running: list[ReqState]) -> list[ReqState]:
+    return running
+
+
+def _prefix_order(running: list[ReqState]) -> list[ReqState]:
+    """Stable sort by the request's path of shared prefix nodes: requests sharing a prefix become contiguous
+    (a depth-first walk of the prefix tree), and requests of one group keep their admission order."""
+    return sorted(running, key=lambda s: tuple(n.key for n in s.nodes))
+
+
+BATCH_ORDERS: dict[str, Callable[[list[ReqState]], list[ReqState]]] = {
+    "admission": _admission_order,
+    "prefix": _prefix_order,
+}
+"""How the running batch is ordered after each merge of a prefill batch (what decode attention walks)."""
 
 
 @dataclass(frozen=True)
@@ -43,10 +66,21 @@ class EngineConfig:
     """Share of each running request's remaining output reserved at admission; 1.0 = fixed-length outputs."""
     block_size: int = DEFAULT_BLOCK_SIZE
     kv_capacity_tokens: int | None = None
-    overlap_cpu: bool = False
-    """Overlap scheduler: a step takes max(GPU, CPU) instead of GPU + CPU."""
+    overlap_schedule: bool = True
+    """SGLang's overlap scheduler (on by default; `--disable-overlap-schedule`): a step takes max(GPU, CPU)
+    instead of GPU + CPU, and a completed prefill reaches the prefix cache only after the next pass."""
+    batch_order: str = "admission"
+    """Order of the running batch: a name in `BATCH_ORDERS`."""
+    max_concurrency: int | None = None
+    """Client limit on requests in flight (bench_serving's --max-concurrency); None = no limit."""
     warm_cache: bool = False
     """Start with every shared prompt prefix already cached (the paper's prefix-cache warm-up)."""
+
+    def __post_init__(self) -> None:
+        if self.batch_order not in BATCH_ORDERS:
+            raise ValueError(f"batch_order must be one of {sorted(BATCH_ORDERS)}, got {self.batch_order!r}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1 or None, got {self.max_concurrency!r}")
 
 
 @dataclass
@@ -77,12 +111,16 @@ class Engine:
         self.cost, self.clock, self.progress = setup.cost, setup.clock, setup.progress
         self.states, self.policy, self.pool = states, policy, pool
         self.by_rid = {s.rid: s for s in states}
-        self.log = RunLog(overlap_cpu=self.config.overlap_cpu)
+        self.log = RunLog(overlap_schedule=self.config.overlap_schedule)
+        self._order = BATCH_ORDERS[self.config.batch_order]
         self.waiting: dict[str, ReqState] = {}
         self.running: list[ReqState] = []
         self.chunked: ReqState | None = None
         self.batch_is_full = False
         self.pending_cpu = 0.0
+        self._unpublished: list[ReqState] = []
+        """Prefills completed in the last step whose prompts the overlap scheduler has not yet cached."""
+        self._num_in_flight = 0
         self._arrivals: list[tuple[float, int, str]] = []
         self._followers: dict[str, list[ReqState]] = {}
         self._split: KVSplit | None = None
@@ -121,20 +159,25 @@ class Engine:
 
     def run(self) -> RunLog:
         n = len(self.states)
+        limit = self.config.max_concurrency
         while self._num_done < n:
             while self._arrivals and self._arrivals[0][0] <= self.now:
-                _, _, rid = heapq.heappop(self._arrivals)
-                self._arrive(self.by_rid[rid])
+                if limit is not None and self._num_in_flight >= limit:
+                    break
+                sent_s, _, rid = heapq.heappop(self._arrivals)
+                self._arrive(self.by_rid[rid], sent_s if limit is None else self.now)
             if not self._step():
-                if not self._arrivals:
+                if not self._arrivals or (limit is not None and self._num_in_flight >= limit):
                     raise RuntimeError(f"simulation stalled with {n - self._num_done} unfinished requests")
                 self.now = max(self.now, self._arrivals[0][0])
         self.log.end_s = self.now
         return self.log
 
-    def _arrive(self, s: ReqState) -> None:
+    def _arrive(self, s: ReqState, sent_s: float) -> None:
+        """`s` reaches the server at `sent_s` (the client's send time; the engine sees it at this step)."""
+        self._num_in_flight += 1
         s.phase = Phase.WAITING
-        s.arrival_t = self.now
+        s.arrival_t = sent_s
         self.waiting[s.rid] = s
         self._charge(lambda: self.policy.on_arrival(s.rid))
 
@@ -143,6 +186,8 @@ class Engine:
         self.pending_cpu = 0.0
         if not self.running:
             self.batch_is_full = False
+        if self.chunked is not None:
+            self._publish(self.chunked)
         ran_policy = False
         budget = None
         if self.chunked is not None or (self.waiting and not self.batch_is_full):
@@ -157,6 +202,7 @@ class Engine:
                     self._charge(lambda: self.policy.on_admitted([s.rid for s, _ in budget.admitted]))
             elif self.waiting:
                 self.batch_is_full = True
+        self._publish_completed()
         if budget is not None and budget.items:
             gpu, kind, size, groups, tokens = self._prefill(budget), StepKind.PREFILL, len(budget.items), 0, 0
         elif self.running:
@@ -165,35 +211,53 @@ class Engine:
         else:
             self.pending_cpu += cpu
             return False
-        step = max(gpu, cpu) if self.config.overlap_cpu else gpu + cpu
+        step = max(gpu, cpu) if self.config.overlap_schedule else gpu + cpu
         self.log.steps.append(StepRecord(kind, self.now, gpu, cpu, size, groups, tokens, ran_policy))
         self.now += step
         self._finish_step(kind)
+        if not self.config.overlap_schedule:
+            self._publish_completed()
         self._charge(lambda: self.policy.on_step(tokens, step))
         return True
 
     def _prefill(self, budget: PassBudget) -> float:
         gpu = self.cost.prefill_s([n for _, n in budget.items], [s.num_filled for s, _ in budget.items])
+        merged = False
         for s, n in budget.items:
             s.num_filled += n
             if s.num_filled == s.fill_len:
                 self._complete_prefill(s)
+                merged = True
+        if merged:
+            self.running = self._order(self.running)
         return gpu
 
     def _complete_prefill(self, s: ReqState) -> None:
         if self.chunked is s:
             self.chunked = None
-        locked_tokens = s.ends[len(s.locked) - 1] if s.locked else 0
-        moved = s.prompt_len - locked_tokens
-        self.pool.release(s, moved)
-        self.pool.insert(s.hashes, s.ends, s.tokens)
-        self.pool.cache.lock(s.hashes)
-        self.pool.cache.unlock(s.locked)
-        s.locked = list(s.hashes)
         s.phase = Phase.RUNNING
         s.num_out += 1
         self.running.append(s)
+        self._unpublished.append(s)
         self._split = None
+
+    def _publish_completed(self) -> None:
+        for s in self._unpublished:
+            self._publish(s)
+        self._unpublished.clear()
+
+    def _publish(self, s: ReqState) -> None:
+        """Move the fully computed prompt blocks of `s` from its private KV into the prefix cache and lock
+        them for `s` (SGLang's `checkpoint`: duplicates of blocks another request cached first are freed)."""
+        k = bisect.bisect_right(s.ends, s.num_filled)
+        if k <= len(s.locked):
+            return
+        locked_tokens = s.ends[len(s.locked) - 1] if s.locked else 0
+        self.pool.release(s, s.ends[k - 1] - locked_tokens)
+        self.pool.insert(s.hashes[:k], s.ends[:k], s.tokens)
+        self.pool.cache.lock(s.hashes[:k])
+        self.pool.cache.unlock(s.locked)
+        s.locked = list(s.hashes[:k])
 
     def _decode(self) -> float:
         while not self.pool.fits(len(self.running)) and len(self.running) > 1:
@@ -236,6 +300,9 @@ class Engine:
             self._finish(s, end)
 
     def _finish(self, s: ReqState, end: float) -> None:
+        if s in self._unpublished:
+            self._unpublished.remove(s)
+        self._num_in_flight -= 1
         out = output_tokens(self.src, s)[: s.num_out]
         full = np.concatenate([s.tokens, out])
         bs = self.config.block_size

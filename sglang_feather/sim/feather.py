@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sglang_feather.admission import Admission, AdmissionConfig, StopReason
+from sglang_feather.admission import Admission, StopReason
 from sglang_feather.sim.policies import PassContext, PolicySetup
 
 # How it works.
@@ -22,15 +22,7 @@ class FeatherPolicy:
     name = "feather"
 
     def __init__(self, name: str, setup: PolicySetup) -> None:
-        config = AdmissionConfig(
-            chunk_size=setup.chunk_size,
-            stopper=setup.stopper,
-            stopper_options=setup.stopper_options,
-            max_wait_s=setup.max_wait_s,
-            state_path=setup.state_path,
-            seed=setup.seed,
-        )
-        self.admission = Admission.from_config(config, clock=setup.clock)
+        self.admission = Admission.from_config(setup.admission, clock=setup.clock)
         self._tokens: dict[str, np.ndarray] = {}
         self._window_tokens = 0
         self._window_s = 0.0

@@ -48,4 +48,4 @@ class RunLog:
     event_cpu_s: float = 0.0
     max_cache_tokens: int = 0
     end_s: float = 0.0
-    overlap_cpu: bool = False
+    overlap_schedule: bool = True

@@ -5,11 +5,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
-from sglang_feather.cht import DEFAULT_CHUNK_SIZE
+from sglang_feather.admission import AdmissionConfig
 from sglang_feather.sim.prefix_cache import PrefixCache
 
 
@@ -50,16 +50,12 @@ class SimPolicy(Protocol):
 
 @dataclass(frozen=True)
 class PolicySetup:
-    """What a policy factory receives; `clock` is simulated time, `cache` the engine's prefix cache."""
+    """What a policy factory receives; `clock` is simulated time, `cache` the engine's prefix cache,
+    `admission` Feather's options (production's defaults unless given)."""
 
     cache: PrefixCache
     clock: Callable[[], float]
-    stopper: str = "static"
-    stopper_options: dict[str, Any] = field(default_factory=dict)
-    chunk_size: int = DEFAULT_CHUNK_SIZE
-    max_wait_s: float | None = None
-    seed: int = 0
-    state_path: str | None = None
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
 
 
 PolicyFactory = Callable[[str, PolicySetup], SimPolicy]

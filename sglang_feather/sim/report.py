@@ -25,6 +25,10 @@ class Summary:
     tpot_p50_ms: float
     tpot_p99_ms: float
     max_queue_wait_s: float
+    wait_p50_s: float
+    wait_p99_s: float
+    wait_len_corr: float
+    """Pearson correlation of queue wait (arrival to first admission) with prompt length; 0 if undefined."""
     cache_hit_rate: float
     groups_per_decode_step: float
     mean_decode_batch: float
@@ -46,8 +50,15 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else 0.0
 
 
+def _corr(xs: list[float], ys: list[float]) -> float:
+    if len(xs) < 2 or np.std(xs) == 0 or np.std(ys) == 0:
+        return 0.0
+    return float(np.corrcoef(xs, ys)[0, 1])
+
+
 def summarize(policy: str, log: RunLog) -> Summary:
     reqs = log.requests
+    wait = [r.admit_s - r.arrival_s for r in reqs]
     out = sum(r.output_len for r in reqs)
     ttft = [r.first_token_s - r.arrival_s for r in reqs]
     tpot = [(r.finish_s - r.first_token_s) / (r.output_len - 1) for r in reqs if r.output_len > 1]
@@ -56,7 +67,7 @@ def summarize(policy: str, log: RunLog) -> Summary:
     cpu = sum(s.cpu_s for s in log.steps)
     busy = sum(s.gpu_s + s.cpu_s for s in log.steps)
     overlap = sum(max(s.gpu_s, s.cpu_s) for s in log.steps)
-    actual = overlap if log.overlap_cpu else busy
+    actual = overlap if log.overlap_schedule else busy
     idle = max(0.0, log.end_s - actual)
     filled = log.cache_hit_tokens + log.cache_miss_tokens
     return Summary(
@@ -70,7 +81,10 @@ def summarize(policy: str, log: RunLog) -> Summary:
         ttft_p99_s=_pct(ttft, 99),
         tpot_p50_ms=_pct(tpot, 50) * 1e3,
         tpot_p99_ms=_pct(tpot, 99) * 1e3,
-        max_queue_wait_s=max((r.admit_s - r.arrival_s for r in reqs), default=0.0),
+        max_queue_wait_s=max(wait, default=0.0),
+        wait_p50_s=_pct(wait, 50),
+        wait_p99_s=_pct(wait, 99),
+        wait_len_corr=_corr(wait, [r.prompt_len for r in reqs]),
         cache_hit_rate=log.cache_hit_tokens / filled if filled else 0.0,
         groups_per_decode_step=float(np.mean([s.num_groups for s in decode])) if decode else 0.0,
         mean_decode_batch=float(np.mean([s.batch_size for s in decode])) if decode else 0.0,
@@ -95,7 +109,9 @@ COLUMNS = (
     ("ttft_p99_s", "TTFT p99 s", "{:.2f}"),
     ("tpot_p50_ms", "TPOT p50 ms", "{:.1f}"),
     ("tpot_p99_ms", "TPOT p99 ms", "{:.1f}"),
+    ("wait_p99_s", "wait p99 s", "{:.2f}"),
     ("max_queue_wait_s", "max wait s", "{:.2f}"),
+    ("wait_len_corr", "corr(wait,len)", "{:.2f}"),
     ("cache_hit_rate", "hit", "{:.1%}"),
     ("groups_per_decode_step", "groups/step", "{:.2f}"),
     ("mean_decode_batch", "batch", "{:.0f}"),
@@ -106,14 +122,78 @@ COLUMNS = (
 )
 
 
+@dataclass(frozen=True)
+class WaitBin:
+    """Queue waits of the requests whose prompt length falls in [min_len, max_len]."""
+
+    min_len: int
+    max_len: int
+    num_requests: int
+    wait_p50_s: float
+    wait_p90_s: float
+    wait_max_s: float
+    num_over: int
+    """Requests in the bin that waited longer than the threshold given to `wait_by_length`."""
+
+
+def wait_by_length(log: RunLog, num_bins: int = 4, over_s: float = 20.0) -> list[WaitBin]:
+    """Queue-wait quantiles per prompt-length quantile bin (equal request counts per bin)."""
+    reqs = sorted(log.requests, key=lambda r: r.prompt_len)
+    out = []
+    for part in np.array_split(np.arange(len(reqs)), num_bins):
+        if not len(part):
+            continue
+        chunk = [reqs[i] for i in part]
+        wait = [r.admit_s - r.arrival_s for r in chunk]
+        out.append(
+            WaitBin(
+                chunk[0].prompt_len,
+                chunk[-1].prompt_len,
+                len(chunk),
+                _pct(wait, 50),
+                _pct(wait, 90),
+                max(wait),
+                sum(w > over_s for w in wait),
+            )
+        )
+    return out
+
+
+WAIT_COLUMNS = (
+    ("policy", "{}"),
+    ("prompt tokens", "{}"),
+    ("requests", "{}"),
+    ("wait p50 s", "{:.2f}"),
+    ("wait p90 s", "{:.2f}"),
+    ("max wait s", "{:.2f}"),
+    ("waits > {over:g} s", "{}"),
+)
+
+
+def wait_table(rows: list[tuple[str, list[WaitBin]]], over_s: float = 20.0) -> str:
+    """Markdown table of `wait_by_length` results, one block of bins per policy."""
+    head = [name.format(over=over_s) for name, _ in WAIT_COLUMNS]
+    cells = []
+    for policy, bins in rows:
+        for b in bins:
+            values = (policy, f"{b.min_len}-{b.max_len}", b.num_requests, b.wait_p50_s, b.wait_p90_s)
+            values += (b.wait_max_s, b.num_over)
+            cells.append([fmt.format(v) for (_, fmt), v in zip(WAIT_COLUMNS, values, strict=True)])
+    return _markdown([head, *cells])
+
+
+def _markdown(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
 def table(summaries: list[Summary]) -> str:
     rows = [[head for _, head, _ in COLUMNS]]
     for s in summaries:
         rows.append([fmt.format(getattr(s, key)) for key, _, fmt in COLUMNS])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
+    return _markdown(rows)
 
 
 def write_json(path: str | Path, meta: dict[str, Any], runs: list[dict[str, Any]]) -> None:

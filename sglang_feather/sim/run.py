@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from sglang_feather.cht import DEFAULT_CHUNK_SIZE
-from sglang_feather.policy import DEFAULT_MAX_WAIT_S
+from sglang_feather.admission import AdmissionConfig
 from sglang_feather.sim.budget import KVPool
 from sglang_feather.sim.cost import CostModel
 from sglang_feather.sim.cpu import CpuTimer, MeasuredCpu
@@ -24,14 +23,15 @@ MEASURED_CPU = MeasuredCpu()
 
 @dataclass(frozen=True)
 class RunSpec:
-    """A policy and its options; `stopper*` and `chunk_size` only matter to `feather`."""
+    """A policy and, for `feather`, its admission options (production's defaults unless given)."""
 
     policy: str
-    stopper: str = "static"
-    stopper_options: dict[str, Any] = field(default_factory=dict)
-    chunk_size: int = DEFAULT_CHUNK_SIZE
-    max_wait_s: float | None = DEFAULT_MAX_WAIT_S
-    seed: int = 0
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        admission = {f.name: getattr(self.admission, f.name) for f in fields(self.admission)}
+        admission["stopper_options"] = dict(self.admission.stopper_options)
+        return {"policy": self.policy, "admission": admission}
 
 
 def simulate(
@@ -48,15 +48,7 @@ def simulate(
     cache = PrefixCache(capacity)
     pool = KVPool(capacity, cache)
     clock = SimClock()
-    setup = PolicySetup(
-        cache=cache,
-        clock=clock,
-        stopper=spec.stopper,
-        stopper_options=dict(spec.stopper_options),
-        chunk_size=spec.chunk_size,
-        max_wait_s=spec.max_wait_s,
-        seed=spec.seed,
-    )
+    setup = PolicySetup(cache=cache, clock=clock, admission=spec.admission)
     policy = make_policy(spec.policy, setup)
     engine = Engine(states, policy, pool, EngineSetup(cost, config, cpu, src, clock, progress))
     log = engine.run()

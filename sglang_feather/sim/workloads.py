@@ -107,6 +107,27 @@ def long_documents(cfg: WorkloadConfig) -> list[SimRequest]:
     return _order(reqs, cfg, rng)
 
 
+def rag(cfg: WorkloadConfig) -> list[SimRequest]:
+    """Retrieval-augmented generation: num_requests requests, each one document + a unique question.
+
+    num_docs documents of doc_len_range tokens; each request picks its document with Zipf(zipf_alpha)
+    popularity (rank 1 most popular), question_len question tokens, output_len outputs; rate for Poisson.
+    """
+    rng = np.random.default_rng(cfg.seed)
+    lo, hi = cfg.doc_len_range
+    lengths = rng.integers(lo, hi + 1, size=cfg.num_docs)
+    weights = 1.0 / np.arange(1, cfg.num_docs + 1) ** cfg.zipf_alpha
+    docs = rng.choice(cfg.num_docs, size=cfg.num_requests, p=weights / weights.sum())
+    reqs = []
+    for i, d in enumerate(docs):
+        segs = (
+            Segment(f"s{cfg.seed}/rag{d}", int(lengths[d])),
+            Segment(f"s{cfg.seed}/rag{d}.q{i}", cfg.question_len),
+        )
+        reqs.append(SimRequest(f"r{i}-d{d}", 0.0, cfg.output_len, segs, group=f"doc{d}"))
+    return _order(reqs, cfg, rng)
+
+
 def multi_turn_chat(cfg: WorkloadConfig) -> list[SimRequest]:
     """num_requests conversations of num_turns turns under one shared system prompt (prefix_len).
 
@@ -142,6 +163,7 @@ WORKLOADS: dict[str, Callable[[WorkloadConfig], list[SimRequest]]] = {
     "gsp": generated_shared_prefix,
     "paper": paper,
     "leval": long_documents,
+    "rag": rag,
     "chat": multi_turn_chat,
     "none": no_sharing,
 }

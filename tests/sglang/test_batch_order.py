@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import FakeClock, feather_policy, idle_plan
+from conftest import FakeClock, feather_policy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
@@ -141,9 +141,8 @@ def prompt(path: tuple[int, ...], salt: int) -> list[int]:
 
 
 def track(scheduler: SchedulerView, *batches: ScheduleBatch) -> None:
-    """Feather's end-of-step reconcile: every request of `batches` running (as after their admission)."""
-    step = SimpleNamespace(reqs=[req for batch in batches for req in batch.reqs])
-    plugin._after_get_next_batch_to_run(idle_plan(step), scheduler)
+    """Feather's reconcile (its periodic self-check): every request of `batches` running, as after admission."""
+    scheduler.policy.feather.mirror.sync([], [req for batch in batches for req in batch.reqs], complete=True)
 
 
 class SchedulerView(SimpleNamespace):
@@ -460,5 +459,7 @@ def test_the_flag():
         _parse(["--schedule-policy", "lpm", "--feather-batch-order", "prefix"])
 
 
-def test_the_plugin_registers_the_merge_hook():
-    assert plugin._HOOKS[f"{plugin.SCHEDULE_BATCH}.merge_batch"] is plugin._after_merge_batch
+def test_the_plugin_registers_the_merge_hook_and_the_startup_guard_accepts_it():
+    target = f"{plugin.SCHEDULE_BATCH}.merge_batch"
+    assert plugin.HOOKS[target] == (plugin._after_merge_batch, ("self", "other"))
+    assert plugin.check_sglang() is None

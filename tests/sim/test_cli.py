@@ -20,7 +20,15 @@ def test_help_runs():
         [sys.executable, "-m", "sglang_feather.sim", "--help"], capture_output=True, text=True
     )
     assert out.returncode == 0
-    for flag in ("--workload", "--policies", "--gpu", "--profile-override", "--sweep", "--overlap-cpu"):
+    for flag in (
+        "--workload",
+        "--policies",
+        "--gpu",
+        "--profile-override",
+        "--sweep",
+        "--overlap-schedule",
+        "--batch-order",
+    ):
         assert flag in out.stdout
 
 

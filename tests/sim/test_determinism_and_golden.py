@@ -31,8 +31,8 @@ def test_single_request_timeline(cost):
 
 def test_cpu_time_is_added_serially_or_overlapped(cost):
     reqs = [request("r", [("p", 100)], output_len=4)]
-    serial = run(reqs, cost, "feather", cpu_s=0.5)
-    overlap = run(reqs, cost, "feather", EngineConfig(overlap_cpu=True), cpu_s=0.5)
+    serial = run(reqs, cost, "feather", EngineConfig(overlap_schedule=False), cpu_s=0.5)
+    overlap = run(reqs, cost, "feather", EngineConfig(overlap_schedule=True), cpu_s=0.5)
     base = run(reqs, cost, "feather", cpu_s=0.0)
     assert serial.end_s > base.end_s + 0.5
     assert base.end_s < overlap.end_s < serial.end_s

@@ -1,0 +1,172 @@
+"""`python -m sglang_feather.sim.sweeps NAME`: the documented multi-seed experiments, as median [min-max] tables."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from sglang_feather.sim.cost import PhysicsCostModel
+from sglang_feather.sim.cpu import FixedCpu, MeasuredCpu
+from sglang_feather.sim.engine import EngineConfig
+from sglang_feather.sim.profile import load_profile
+from sglang_feather.sim.report import summarize, wait_by_length
+from sglang_feather.sim.run import RunSpec, simulate
+from sglang_feather.sim.workloads import WorkloadConfig, make_workload
+
+# How it works.
+#
+# A sweep is a list of cases (workload, its knobs, engine options, GPU profile); every case runs every
+# policy on the same trace for each seed (the seed draws the trace: shuffle, arrivals, documents). Ratios to
+# FCFS are taken per seed, side by side, then summarised as median and range over the seeds. Workload
+# parameters not given by an issue are stated in each case's label and in docs/simulator.md.
+
+POLICIES = ("fcfs", "lpm", "dfs-weight", "feather")
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    workload: str
+    knobs: WorkloadConfig
+    engine: EngineConfig
+    gpu: str = "h200"
+    model: str = "llama-3-8b"
+
+
+def _demo() -> Iterator[Case]:
+    """The live CPU demo's workload (make demo): 8 groups x 16, 512-token prefix, 32-token questions and
+    outputs, bench_serving --max-concurrency 64, cold cache; chunked prefill 4096 (SGLang's default for a
+    host under 35 GB, the CPU server's case)."""
+    knobs = WorkloadConfig(num_groups=8, prompts_per_group=16, prefix_len=512, question_len=32, output_len=32)
+    for overlap in (True, False):
+        engine = EngineConfig(overlap_schedule=overlap, max_concurrency=64, chunked_prefill_size=4096)
+        yield Case(f"demo overlap={'on' if overlap else 'off'}", "gsp", knobs, engine)
+
+
+RAG = WorkloadConfig(
+    num_docs=200, doc_len_range=(3000, 12000), zipf_alpha=1.0, num_requests=1200, rate=20.0,
+    question_len=64, output_len=128,
+)  # fmt: skip
+"""Issue 10's unseen RAG trace: 200 documents of 3K-12K tokens, Zipf popularity, Poisson 20 req/s; the
+request count (60 s of arrivals), question and output lengths are this sweep's choice."""
+
+
+def _rag() -> Iterator[Case]:
+    yield Case("rag", "rag", RAG, EngineConfig())
+
+
+def _order_cases() -> Iterator[tuple[str, str, WorkloadConfig]]:
+    for groups in (8, 16, 32, 64):
+        knobs = WorkloadConfig(
+            num_groups=groups,
+            prompts_per_group=512 // groups,
+            prefix_len=2048,
+            question_len=32,
+            output_len=256,
+            rate=32.0,
+        )
+        yield f"gsp {groups}g", "gsp", knobs
+    yield "rag", "rag", replace(RAG, num_requests=300)
+    chat = WorkloadConfig(
+        num_requests=64, num_turns=4, prefix_len=2048, question_len=64, output_len=128, think_s=1.0, rate=8.0
+    )
+    yield "chat", "chat", chat
+
+
+def _batch_order() -> Iterator[Case]:
+    for gpu in ("h200", "a100-80gb", "rtx6000-ada"):
+        for label, workload, knobs in _order_cases():
+            for order in ("admission", "prefix"):
+                yield Case(f"{gpu} {label} {order}", workload, knobs, EngineConfig(batch_order=order), gpu)
+
+
+SWEEPS: dict[str, Callable[[], Iterator[Case]]] = {
+    "demo": _demo,
+    "rag": _rag,
+    "batch-order": _batch_order,
+}
+
+METRICS = (
+    ("x_fcfs", "x FCFS", "{:.2f}"),
+    ("output_tok_s", "tok/s", "{:.0f}"),
+    ("cache_hit_rate", "hit %", "{:.1%}"),
+    ("ttft_p99_s", "TTFT p99 s", "{:.2f}"),
+    ("tpot_p50_ms", "TPOT p50 ms", "{:.1f}"),
+    ("wait_p99_s", "wait p99 s", "{:.2f}"),
+    ("max_queue_wait_s", "max wait s", "{:.1f}"),
+    ("wait_len_corr", "corr(wait,len)", "{:.2f}"),
+    ("num_wait_over", "waits > 20 s", "{:.0f}"),
+    ("groups_per_decode_step", "groups/step", "{:.1f}"),
+)
+
+
+def _cell(values: list[float], fmt: str) -> str:
+    med = fmt.format(float(np.median(values)))
+    if len(values) == 1 or min(values) == max(values):
+        return med
+    return f"{med} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+
+
+def run_case(case: Case, policies: tuple[str, ...], seeds: list[int], cpu) -> list[dict]:
+    cost = PhysicsCostModel(load_profile(case.gpu, case.model))
+    rows = []
+    for seed in seeds:
+        requests = make_workload(case.workload, replace(case.knobs, seed=seed))
+        base = None
+        for policy in policies:
+            log = simulate(requests, cost, RunSpec(policy), case.engine, cpu)
+            s = summarize(policy, log)
+            over = sum(b.num_over for b in wait_by_length(log, 1, 20.0))
+            base = s.output_tok_s if policy == "fcfs" else base
+            row = {"case": case.label, "seed": seed, **asdict(s), "num_wait_over": over}
+            row["x_fcfs"] = s.output_tok_s / base if base else float("nan")
+            rows.append(row)
+            print(
+                f"{case.label} seed={seed} {policy}: {s.output_tok_s:.0f} tok/s", file=sys.stderr, flush=True
+            )
+    return rows
+
+
+def table(rows: list[dict], policies: tuple[str, ...]) -> str:
+    head = ["case", "policy", *(h for _, h, _ in METRICS)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for case in dict.fromkeys(r["case"] for r in rows):
+        for policy in policies:
+            mine = [r for r in rows if r["case"] == case and r["policy"] == policy]
+            if mine:
+                cells = [_cell([r[k] for r in mine], fmt) for k, _, fmt in METRICS]
+                lines.append("| " + " | ".join([case, policy, *cells]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sglang_feather.sim.sweeps", description=__doc__)
+    p.add_argument("sweep", choices=sorted(SWEEPS), help="which experiment")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (each draws a new trace)")
+    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated; fcfs first for ratios")
+    p.add_argument("--only", default="", help="run only cases whose label contains this text")
+    p.add_argument(
+        "--fixed-cpu-ms", type=float, help="charge this scheduler CPU per call instead of measuring"
+    )
+    p.add_argument("--json", help="write every run's summary here")
+    args = p.parse_args(argv)
+    policies = tuple(x for x in args.policies.split(",") if x)
+    cpu = MeasuredCpu() if args.fixed_cpu_ms is None else FixedCpu(args.fixed_cpu_ms / 1e3)
+    rows = []
+    for case in SWEEPS[args.sweep]():
+        if args.only in case.label:
+            rows += run_case(case, policies, list(range(args.seeds)), cpu)
+    print(table(rows, policies))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
