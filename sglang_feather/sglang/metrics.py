@@ -61,6 +61,18 @@ class FeatherMetrics:
             **common,
         )
 
+        self._order_time = Histogram(
+            "sglang:feather_batch_order_seconds",
+            "Time to put the running batch in prefix order after a merge (--feather-batch-order prefix).",
+            buckets=STEP_TIME_BUCKETS,
+            **common,
+        )
+        self._reorders = Counter(
+            "sglang:feather_batch_reorders",
+            "Merges after which the running batch was permuted into prefix order (its order changed).",
+            **common,
+        )
+
         self._tracked = Gauge(
             "sglang:feather_tracked_requests",
             "Requests in Feather's Chunked Hash Tree after the last scheduler step, by state (waiting/active).",
@@ -69,7 +81,7 @@ class FeatherMetrics:
             multiprocess_mode="mostrecent",
         )
         series_list = (self._admissions, self._stops, self._delta, self._groups, self._step_time)
-        for series in (*series_list, self._drift, self._errors):
+        for series in (*series_list, self._drift, self._errors, self._order_time, self._reorders):
             series.labels(**self.labels)  # export zeros from the start, not only after the first event
 
     def admitted(self, delta: int) -> None:
@@ -90,6 +102,11 @@ class FeatherMetrics:
 
     def error(self) -> None:
         self._errors.labels(**self.labels).inc()
+
+    def batch_ordered(self, seconds: float, moved: bool) -> None:
+        self._order_time.labels(**self.labels).observe(seconds)
+        if moved:
+            self._reorders.labels(**self.labels).inc()
 
     def tracked(self, num_waiting: int, num_active: int) -> None:
         self._tracked.labels(**self.labels, state="waiting").set(num_waiting)

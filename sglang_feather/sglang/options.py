@@ -12,6 +12,7 @@ from typing import Any
 from sglang_feather.admission import DEFAULT_STOPPER, Admission, AdmissionConfig
 from sglang_feather.cht import DEFAULT_CHUNK_SIZE
 from sglang_feather.policy.aging import DEFAULT_MAX_WAIT_S
+from sglang_feather.sglang.batch_order import ADMISSION, BATCH_ORDERS
 
 FEATHER = "feather"
 """The `--schedule-policy` value this package adds."""
@@ -38,6 +39,8 @@ class FeatherOptions:
     seed: int = 0
     defer_uncached_prefix: bool = True
     """Skip, for one pass, a request whose prefix shared with running requests is not cached yet."""
+    batch_order: str = ADMISSION
+    """Order of the running batch after each merge (`sglang_feather.sglang.batch_order.BATCH_ORDERS`)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size < 1:
@@ -67,6 +70,10 @@ class FeatherOptions:
                 )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise FeatherOptionsError(f"--feather-seed must be an integer, got {self.seed!r}")
+        if self.batch_order not in BATCH_ORDERS:
+            raise FeatherOptionsError(
+                f"--feather-batch-order must be one of {sorted(BATCH_ORDERS)}, got {self.batch_order!r}"
+            )
 
 
 def _on_off(text: str) -> bool:
@@ -134,6 +141,14 @@ _FLAGS = (
         "on|off",
         "Skip, for one prefill pass, a request whose prefix shared with running requests the radix cache does "
         "not hold yet (an in-flight prefill is computing it), so the prefix is computed once (default on).",
+    ),
+    _Flag(
+        "batch_order",
+        str,
+        "|".join(BATCH_ORDERS),
+        f"Order of the running (decode) batch: 'prefix' permutes it after each merge so that requests sharing "
+        f"a prefix are contiguous, in Chunked-Hash-Tree order; 'admission' keeps SGLang's order (default "
+        f"{ADMISSION}).",
     ),
 )
 

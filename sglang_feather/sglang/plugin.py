@@ -15,6 +15,7 @@ SUPPORTED_SGLANG = "0.5.23"
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
 POLICY = "sglang.srt.managers.schedule_policy.SchedulePolicy"
+SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 
 
 _registered = False
@@ -114,6 +115,10 @@ def _after_init_schedule_policy(_result: None, scheduler: Any) -> None:
     from sglang_feather.sglang.scheduler_hooks import on_policy_created
 
     on_policy_created(scheduler)
+    from sglang_feather.sglang.batch_order import attach
+    from sglang_feather.sglang.options import options_of
+
+    attach(scheduler, options_of(scheduler.server_args).batch_order)
 
 
 def _after_get_prefill_adder_class(base: type, scheduler: Any) -> type:
@@ -146,6 +151,12 @@ def _after_release_kv_cache(_result: None, req: Any, tree_cache: Any, *_args: An
     on_kv_released(req, tree_cache)
 
 
+def _after_merge_batch(_result: None, batch: Any, other: Any) -> None:
+    from sglang_feather.sglang.batch_order import after_merge
+
+    after_merge(batch, other)
+
+
 HOOKS = {
     f"{SERVER_ARGS}.add_cli_args": (_after_add_cli_args, ("parser",)),
     f"{SERVER_ARGS}.from_cli_args": (_after_from_cli_args, ("args",)),
@@ -158,5 +169,6 @@ HOOKS = {
     f"{SCHEDULER}._add_request_to_queue": (_after_add_request_to_queue, ("self", "req", "is_retracted")),
     f"{SCHEDULER}._release_aborted_request": (_after_release_aborted_request, ("self", "req")),
     "sglang.srt.mem_cache.common.release_kv_cache": (_after_release_kv_cache, ("req", "tree_cache")),
+    f"{SCHEDULE_BATCH}.merge_batch": (_after_merge_batch, ("self", "other")),
 }
 """Hook target -> (AFTER hook, the leading parameter names the hook relies on)."""
