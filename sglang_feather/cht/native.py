@@ -42,6 +42,7 @@ class NativeTree:
         self._core = _core.Core(chunk_size)
         self._handles: dict[RequestId, int] = {}
         self._ids: list[RequestId] = []
+        self._core.bind(self._ids, Candidate)
         self._best_cache: Candidate | None = None
         self._best_valid = False
 
@@ -109,8 +110,7 @@ class NativeTree:
 
     def best(self) -> Candidate | None:
         if not self._best_valid:
-            found = self._core.best()
-            self._best_cache = None if found is None else self._candidate(found)
+            self._best_cache = self._core.best_candidate()
             self._best_valid = True
         return self._best_cache
 
@@ -119,7 +119,7 @@ class NativeTree:
         state = self._core.state(handle)
         if state != 1:
             raise InvalidTransition(f"request {request_id!r} is {_STATES[state].value}, not waiting")
-        return self._candidate(self._core.describe(handle))
+        return self._core.candidate(handle)
 
     def oldest(self) -> RequestId | None:
         handle = self._core.oldest()
@@ -216,10 +216,6 @@ class NativeTree:
             return self._handles[request_id]
         except KeyError:
             raise UnknownRequest(f"request {request_id!r} is not in the tree") from None
-
-    def _candidate(self, found: tuple) -> Candidate:
-        handle, num_chunks, num_missing, before, after, sharing = found
-        return Candidate(self._ids[handle], num_chunks, num_missing, before, after, sharing)
 
     def _added(self, request_id: RequestId, code: int) -> int:
         if code < 0:

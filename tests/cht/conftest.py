@@ -26,3 +26,8 @@ CORES = {"python": lambda: PythonTree, "native": native_tree}
 @pytest.fixture(params=list(CORES))
 def tree_cls(request):
     return CORES[request.param]()
+
+
+@pytest.fixture
+def native_cls():
+    return native_tree()

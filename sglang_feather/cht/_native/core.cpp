@@ -29,6 +29,8 @@
 namespace nb = nanobind;
 using namespace nb::literals;
 
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token ids are hashed as little-endian words");
+
 namespace {
 
 constexpr uint32_t NIL = 0xFFFFFFFFu;
@@ -134,18 +136,23 @@ void cumulative_xxh64(const unsigned char* data, size_t len, size_t step, uint64
 template <typename T>
 bool pack_tokens(const char* base, Py_ssize_t n, Py_ssize_t stride, std::vector<uint32_t>& out) {
     out.resize(static_cast<size_t>(n));
-    bool ok = true;
-    for (Py_ssize_t i = 0; i < n; ++i) {
-        T v;
-        std::memcpy(&v, base + i * stride, sizeof(T));
-        if constexpr (std::is_signed_v<T>) ok &= v >= 0;
-        if constexpr (sizeof(T) > 4) ok &= static_cast<uint64_t>(v) < (uint64_t(1) << 32);
-        uint32_t w = static_cast<uint32_t>(v);
-        unsigned char b[4] = {static_cast<unsigned char>(w), static_cast<unsigned char>(w >> 8),
-                              static_cast<unsigned char>(w >> 16), static_cast<unsigned char>(w >> 24)};
-        std::memcpy(&out[static_cast<size_t>(i)], b, 4);
+    uint32_t* dst = out.data();
+    uint64_t high = 0;  // any bit at or above 2**32 (negative values included) marks an invalid id
+    if (stride == static_cast<Py_ssize_t>(sizeof(T))) {
+        const T* src = reinterpret_cast<const T*>(base);
+        for (Py_ssize_t i = 0; i < n; ++i) {
+            high |= static_cast<uint64_t>(static_cast<int64_t>(src[i])) >> 32;
+            dst[i] = static_cast<uint32_t>(src[i]);
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < n; ++i) {
+            T v;
+            std::memcpy(&v, base + i * stride, sizeof(T));
+            high |= static_cast<uint64_t>(static_cast<int64_t>(v)) >> 32;
+            dst[i] = static_cast<uint32_t>(v);
+        }
     }
-    return ok;
+    return high == 0;
 }
 
 // Status of reading a buffer of token ids into `out`.
@@ -346,6 +353,8 @@ class HashIndex {
 
     size_t size() const { return size_; }
 
+    void prefetch(uint64_t key) const { __builtin_prefetch(&slots_[mix(key) & (slots_.size() - 1)]); }
+
   private:
     struct Slot {
         uint64_t key;
@@ -373,11 +382,9 @@ class HashIndex {
 
 // ------------------------------------------------------------------------------------------- the tree
 
-struct Node {
-    uint64_t hash = 0;
+struct Node {  // hot fields (walked along paths) first, in one cache line
     uint32_t parent = NIL;
     uint32_t depth = 0;
-    uint64_t serial = 0;
     uint32_t num_active = 0;
     uint32_t num_waiting = 0;
     uint32_t gen = 0;
@@ -385,12 +392,14 @@ struct Node {
     bool has_best = false;
     bool has_global = false;
     bool has_stranger = false;
+    uint64_t hash = 0;
+    std::vector<CEntry> candidates;
     Key best{};
     uint32_t best_req = NIL;
     uint32_t best_gen = 0;
+    uint64_t serial = 0;
     Key global_key{};
     Key stranger_key{};  // (0, arrival, seq)
-    std::vector<CEntry> candidates;
     std::vector<AEntry> arrivals;  // first-level nodes only
 };
 
@@ -473,7 +482,7 @@ class Core {
 
     std::vector<uint32_t> suspended() const { return suspended_; }
 
-    // best(): the handle and its description, or an empty tuple.
+    // best(): the handle and its description, or None.
     nb::object best() {
         uint32_t h = pop_sharing();
         if (h == NIL) h = pop_stranger();
@@ -481,7 +490,51 @@ class Core {
         return describe(h);
     }
 
+    // The wrapper's handle -> request id list and the `Candidate` class, so that `best_candidate` and
+    // `candidate` build the result object here (what the frozen dataclass's own __init__ does, through
+    // object.__setattr__, without a Python frame).
+    void bind(nb::list ids, nb::handle candidate_cls) {
+        ids_ = ids;
+        candidate_cls_ = nb::borrow(candidate_cls);
+        static const char* names[] = {"request_id", "num_chunks", "num_missing", "depth_before", "depth_after",
+                                      "num_sharing"};
+        for (int i = 0; i < 6; ++i) field_names_[i] = nb::steal(PyUnicode_InternFromString(names[i]));
+    }
+
+    nb::object best_candidate() {
+        uint32_t h = pop_sharing();
+        if (h == NIL) h = pop_stranger();
+        if (h == NIL) return nb::none();
+        return candidate(h);
+    }
+
+    nb::object candidate(uint32_t h) const {
+        int64_t values[5];
+        describe_into(h, values);
+        PyObject* empty = PyTuple_New(0);
+        PyObject* obj = PyBaseObject_Type.tp_new(reinterpret_cast<PyTypeObject*>(candidate_cls_.ptr()), empty, nullptr);
+        Py_DECREF(empty);
+        if (obj == nullptr) throw nb::python_error();
+        nb::object result = nb::steal(obj);
+        if (PyObject_GenericSetAttr(obj, field_names_[0].ptr(), PyList_GET_ITEM(ids_.ptr(), h)) != 0)
+            throw nb::python_error();
+        for (int i = 0; i < 5; ++i) {
+            PyObject* v = PyLong_FromLongLong(values[i]);
+            int rc = PyObject_GenericSetAttr(obj, field_names_[i + 1].ptr(), v);
+            Py_DECREF(v);
+            if (rc != 0) throw nb::python_error();
+        }
+        return result;
+    }
+
     nb::tuple describe(uint32_t h) const {
+        int64_t v[5];
+        describe_into(h, v);
+        return nb::make_tuple(h, v[0], v[1], v[2], v[3], v[4]);
+    }
+
+    // (num_chunks, num_missing, depth_before, depth_after, num_sharing) of a waiting request.
+    void describe_into(uint32_t h, int64_t* out) const {
         const auto& path = reqs_[h].path;
         int64_t len = static_cast<int64_t>(path.size());
         int64_t before, after, missing;
@@ -494,7 +547,11 @@ class Core {
             missing = len - last_depth(path, path.size(), 1);
         }
         int64_t sharing = after ? static_cast<int64_t>(nodes_[path[static_cast<size_t>(after - 1)]].num_waiting) - 1 : 0;
-        return nb::make_tuple(h, len, missing, before, after, sharing);
+        out[0] = len;
+        out[1] = missing;
+        out[2] = before;
+        out[3] = after;
+        out[4] = sharing;
     }
 
     int64_t oldest() {
@@ -575,6 +632,7 @@ class Core {
     int64_t activate(uint32_t h) {
         Req& r = reqs_[h];
         if (r.state != WAITING) return BAD_STATE;
+        prefetch_path(r.path);
         if (r.suspended) unsuspend(h);
         r.state = ACTIVE;
         link_active(h);
@@ -597,6 +655,7 @@ class Core {
     int64_t deactivate(uint32_t h) {
         Req& r = reqs_[h];
         if (r.state != ACTIVE) return BAD_STATE;
+        prefetch_path(r.path);
         for (uint32_t id : r.path) ++nodes_[id].num_waiting;
         r.state = WAITING;
         uint32_t leaf = r.path.back();
@@ -610,6 +669,7 @@ class Core {
     int64_t finish(uint32_t h) {
         Req& r = reqs_[h];
         if (r.state != ACTIVE) return BAD_STATE;
+        prefetch_path(r.path);
         leave_working_set(h);
         drop_request(h);
         return OK;
@@ -618,6 +678,7 @@ class Core {
     int64_t remove(uint32_t h) {
         Req& r = reqs_[h];
         if (r.state != WAITING) return BAD_STATE;
+        prefetch_path(r.path);
         if (r.suspended) unsuspend(h);
         for (uint32_t id : r.path) --nodes_[id].num_waiting;
         drop_request(h);
@@ -676,8 +737,15 @@ class Core {
         return (static_cast<int64_t>(r.path.size()) << 32) | h;
     }
 
+    // Paths are walked node by node; issuing every load first lets the misses overlap (nodes of one
+    // request are scattered over the slab once requests come and go).
+    void prefetch_path(const std::vector<uint32_t>& path) const {
+        for (uint32_t id : path) __builtin_prefetch(&nodes_[id]);
+    }
+
     int64_t build_path(const std::vector<uint64_t>& hashes, std::vector<uint32_t>& path, size_t& num_existing) {
         path.reserve(hashes.size());
+        for (uint64_t h : hashes) index_.prefetch(h);
         uint32_t parent = ROOT;
         size_t i = 0;
         for (; i < hashes.size(); ++i) {
@@ -772,6 +840,11 @@ class Core {
     }
 
     void release_nodes(const std::vector<uint32_t>& path) {
+        for (size_t i = path.size(); i-- > 0;) {
+            const Node& n = nodes_[path[i]];
+            if (n.num_active || n.num_waiting) break;
+            index_.prefetch(n.hash);
+        }
         for (size_t i = path.size(); i-- > 0;) {
             const Node& n = nodes_[path[i]];
             if (n.num_active || n.num_waiting) break;
@@ -1187,6 +1260,9 @@ class Core {
     void compact_strangers() { compact_roots(strangers_, false); }
 
     int64_t chunk_size_;
+    nb::list ids_;
+    nb::object candidate_cls_;
+    nb::object field_names_[6];
     std::vector<Node> nodes_;
     std::vector<uint32_t> free_nodes_;
     std::vector<Req> reqs_;
@@ -1388,6 +1464,9 @@ NB_MODULE(_core, m) {
         .def("active", &Core::active)
         .def("suspended", &Core::suspended)
         .def("best", &Core::best)
+        .def("bind", &Core::bind)
+        .def("best_candidate", &Core::best_candidate)
+        .def("candidate", &Core::candidate)
         .def("describe", &Core::describe)
         .def("oldest", &Core::oldest)
         .def("prefix_order", &Core::prefix_order)
