@@ -23,15 +23,22 @@ logger = logging.getLogger(__name__)
 
 # How it works.
 #
-# An engine runs one scheduling pass at a time. It calls `begin_pass()`, then asks `propose(batch_size)`
-# for the next candidate: normally the CHT's best waiting request (fewest chunks missing from the running
-# batch), but the oldest waiting request instead once it has waited past the aging bound. The stopper sees
-# an `Observation` (batch size, shared-prefix depth before/after, w, queue length, wait) and says ADD or STOP.
-# The engine then either `accept`s (the request joins: its chunks enter the CHT's working set), `decline`s
-# (the stopper's STOP ends the pass) or `withdraw`s (the engine's own budget refused it; nothing is learned).
-# Every ADD/STOP the stopper made is kept until the engine closes the batch window with `end_window(tokens,
-# seconds)`: the window's decode throughput, normalised, is the reward for all of them. Request lifecycle
-# events (`finish`, `abort`, `retract`, `requeue`) keep the CHT equal to the engine's own queues.
+# An engine runs one scheduling pass at a time: `begin_pass()`, then `propose(batch_size)` for each next
+# candidate, then `end_pass()`. A candidate is normally the CHT's best waiting request (requests sharing chunks
+# with the running batch first, fewest missing chunks first; requests sharing nothing in arrival order), but
+# the oldest waiting request instead once it has waited past the aging bound. A candidate whose shared chunks
+# the engine's prefix cache does not hold yet (page-rounded) is *deferred*: a running request sharing them is
+# still computing that prefix (a prefill in flight, possibly split by chunked prefill), so admitting the
+# candidate now would compute it twice. It is suspended in the CHT for the rest of the pass and the pass goes
+# on with the next candidate; `end_pass()` puts it back. An aged request is never deferred, and nothing is
+# deferred when no running request shares it. For any other candidate the stopper sees an `Observation`
+# (batch size, shared-prefix depth before/after, w, queue length, wait) and says ADD or STOP; the engine
+# `accept`s (the request's chunks enter the working set), `decline`s (STOP ends the pass) or `withdraw`s
+# (its own budget refused; nothing is learned). Reward window: the first stopper decision of a pass closes
+# the open window, whose decode throughput (tokens reported by `on_decode_step` over its duration) rewards
+# every decision made in it, and opens the next; `on_batch_drained()` closes it without opening one, so idle
+# time never dilutes a reward. Lifecycle events (`finish`, `abort`, `retract`, `requeue`) keep the CHT equal
+# to the engine's queues.
 
 
 DEFAULT_STOPPER = "ucb"
@@ -56,8 +63,15 @@ class AdmissionConfig:
     """JSON file that keeps a learning stopper's state across restarts; None keeps it in memory only."""
     seed: int = 0
     defer_uncached_prefix: bool = True
-    """Stop a pass rather than admit a request whose shared chunks only this pass's admissions hold (their
-    prefill has not cached them yet, so the prefix would be computed twice); see `Proposal.is_deferred`."""
+    """Skip, for the rest of a pass, a request whose chunks shared with running requests the engine's cache
+    does not hold yet (an in-flight prefill is computing them); see `Proposal.is_deferred`. Adapters turn it
+    off when the engine has no prefix cache."""
+    page_size: int = 1
+    """Tokens per KV page of the engine's cache (SGLang `page_size`, vLLM block size): the cache only holds
+    whole pages, so shared and cached prefixes are compared rounded down to pages."""
+    state_tag: Mapping[str, str] = field(default_factory=dict)
+    """Where a learned state comes from (engine, model, GPU); a state file saved under another tag is not
+    loaded (warning, fresh start)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
@@ -66,7 +80,12 @@ class AdmissionConfig:
             raise ConfigError(f"unknown stopper {self.stopper!r}; choose one of {sorted(policy_names())}")
         if self.max_wait_s is not None and not self.max_wait_s > 0:
             raise ConfigError(f"max_wait_s must be > 0 seconds or None, got {self.max_wait_s!r}")
+        if isinstance(self.page_size, bool) or not isinstance(self.page_size, int) or self.page_size < 1:
+            raise ConfigError(f"page_size must be a positive integer, got {self.page_size!r}")
         object.__setattr__(self, "stopper_options", MappingProxyType(dict(self.stopper_options)))
+        object.__setattr__(
+            self, "state_tag", MappingProxyType({str(k): str(v) for k, v in self.state_tag.items()})
+        )
 
 
 class StopReason(enum.Enum):
@@ -88,9 +107,9 @@ class Proposal:
     is_aged: bool
     """The aging guard chose this request; the stopper was not asked."""
     is_deferred: bool = False
-    """The chunks it would share are held only by requests admitted in this same pass, whose prefill has not
-    cached them yet: admitting it now would compute that prefix twice, so the pass stops here (the
-    stopper was not asked). SGLang's in-batch prefix check defers such requests the same way."""
+    """Running requests share chunks with it that the engine's cache does not hold yet (page-rounded): their
+    prefill is still computing that prefix, so admitting it now would compute the prefix twice. The stopper
+    was not asked; the engine skips it for this pass (`skip`)."""
 
     @property
     def request_id(self) -> RequestId:
@@ -128,6 +147,8 @@ class Admission:
         clock: Callable[[], float] = time.monotonic,
         state_path: str | None = None,
         defer_uncached_prefix: bool = True,
+        page_size: int = 1,
+        state_tag: Mapping[str, str] | None = None,
     ):
         self.tree = tree
         self.stopper = stopper
@@ -138,9 +159,15 @@ class Admission:
         self._arrivals: dict[RequestId, float] = {}
         self._records: list[DecisionRecord] = []
         self._pass_admitted: list[RequestId] = []
+        self._skipped: list[RequestId] = []
         self._defer_uncached_prefix = defer_uncached_prefix
+        self._page_size = page_size
+        self._state_tag = dict(state_tag or {})
+        self._decided_this_pass = False
+        self._window_start: float | None = None
+        self._window_tokens = 0
         if state_path is not None:
-            load_state(stopper, state_path)
+            load_state(stopper, state_path, tag=self._state_tag)
 
     @classmethod
     def from_config(cls, config: AdmissionConfig, clock: Callable[[], float] = time.monotonic) -> Admission:
@@ -155,6 +182,8 @@ class Admission:
             clock=clock,
             state_path=config.state_path,
             defer_uncached_prefix=config.defer_uncached_prefix,
+            page_size=config.page_size,
+            state_tag=config.state_tag,
         )
 
     # ----------------------------------------------------------------- request lifecycle
@@ -214,27 +243,32 @@ class Admission:
         del self._arrivals[request_id]
 
     def abort(self, request_id: RequestId) -> bool:
-        """A request left in whatever state it was; False if Feather did not know it."""
+        """A request left in whatever state it was (finished, aborted); False if Feather did not know it."""
         self._arrivals.pop(request_id, None)
         return self.tree.discard(request_id)
 
+    def forget_all(self) -> None:
+        """Drop every request (the stopper keeps what it learned); for an adapter that rebuilds its view."""
+        self.tree = ChunkedHashTree(self.tree.chunk_size)
+        self._arrivals.clear()
+        self._skipped.clear()
+        self._pass_admitted.clear()
+
     def wait_s(self, request_id: RequestId) -> float:
         return self.clock() - self._arrivals[request_id]
-
-    def sort_key(self, request_id: RequestId) -> tuple:
-        """A waiting request's place in a best-first queue, in the order `propose()` would take requests
-        against the current batch: starved ones first (oldest first), then fewest missing chunks, then
-        earliest arrival. For engines that sort their own queue list."""
-        arrival = self._arrivals[request_id]
-        if self.guard.is_starved(self.clock() - arrival):
-            return (0, 0, arrival)
-        return (1, self.tree.num_missing(request_id), arrival)
 
     # ----------------------------------------------------------------- one scheduling pass
 
     def begin_pass(self) -> None:
         """A new scheduling pass starts (stoppers with per-pass state reset it)."""
+        self._resume_skipped()
         self.stopper.begin_pass()
+        self._pass_admitted.clear()
+        self._decided_this_pass = False
+
+    def end_pass(self) -> None:
+        """The pass is over: requests skipped in it compete again."""
+        self._resume_skipped()
         self._pass_admitted.clear()
 
     def propose(
@@ -243,27 +277,49 @@ class Admission:
         request_id: RequestId | None = None,
         cached_tokens: Callable[[RequestId], int] | None = None,
     ) -> Proposal | None:
-        """The next request to admit and the stopper's verdict; None when nothing waits.
+        """The next request to admit and the stopper's verdict; None when nothing (not skipped) waits.
 
-        Engines that walk their own sorted queue name the request they are at (`request_id`); it is still
-        admitted regardless of the stopper once it has waited past the aging bound. `cached_tokens(rid)`, when
-        the engine knows it, is the prompt prefix its KV cache already holds: a cached prefix is never deferred."""
+        Deferred candidates are skipped for the rest of the pass and the next one is proposed. Engines that
+        walk their own queue may name the request they are at (`request_id`): its proposal is returned as it
+        is, deferred or not (then call `skip` or end the pass). `cached_tokens(rid)` is the prompt prefix the
+        engine's cache holds for a request; without it only this pass's own admissions count as in flight."""
         if request_id is not None:
-            aged = self.guard.is_starved(self.wait_s(request_id))
-            return self._proposal(self.tree.candidate(request_id), batch_size, aged, cached_tokens)
-        oldest = self.tree.oldest()
-        if oldest is None:
+            candidate = self.tree.candidate(request_id)
+            if self.guard.is_starved(self.wait_s(request_id)):
+                return self._proposal(candidate, batch_size, is_aged=True)
+            deferred = self._is_in_flight(candidate, cached_tokens)
+            return self._proposal(candidate, batch_size, is_aged=False, is_deferred=deferred)
+        found = self._next_candidate(cached_tokens)
+        if found is None:
             return None
-        if self.guard.is_starved(self.wait_s(oldest)):
-            return self._proposal(self.tree.candidate(oldest), batch_size, True, cached_tokens)
-        return self._proposal(self.tree.best(), batch_size, False, cached_tokens)
+        candidate, aged = found
+        return self._proposal(candidate, batch_size, is_aged=aged)
+
+    def next_request(self, cached_tokens: Callable[[RequestId], int] | None = None) -> RequestId | None:
+        """The request `propose()` would offer next (deferred ones skipped), without asking the stopper: for
+        engines that put it at the head of their own queue and ask `propose(request_id=...)` when they reach
+        it. None when nothing (not skipped) waits."""
+        found = self._next_candidate(cached_tokens)
+        return found[0].request_id if found is not None else None
+
+    def _next_candidate(self, cached_tokens) -> tuple[Candidate, bool] | None:
+        """(candidate, is_aged): the oldest request once it is starved, else the CHT's best not in flight."""
+        tree = self.tree
+        while True:
+            oldest = tree.oldest()
+            if oldest is None:
+                return None
+            if self.guard.is_starved(self.wait_s(oldest)):
+                return tree.candidate(oldest), True
+            candidate = tree.best()
+            if not self._is_in_flight(candidate, cached_tokens):
+                return candidate, False
+            tree.suspend(candidate.request_id)
+            self._skipped.append(candidate.request_id)
+            self.stats.num_deferred += 1
 
     def _proposal(
-        self,
-        candidate: Candidate,
-        batch_size: int,
-        is_aged: bool,
-        cached_tokens: Callable[[RequestId], int] | None,
+        self, candidate: Candidate, batch_size: int, *, is_aged: bool, is_deferred: bool = False
     ) -> Proposal:
         observation = Observation(
             batch_size=batch_size,
@@ -275,29 +331,49 @@ class Admission:
         )
         if is_aged:
             return Proposal(candidate, observation, Decision.ADD, is_aged=True)
-        if self._shares_only_this_pass(candidate, cached_tokens):
+        if is_deferred:
             return Proposal(candidate, observation, Decision.STOP, is_aged=False, is_deferred=True)
+        if not self._decided_this_pass:
+            self._decided_this_pass = True
+            self._roll_window()
         return Proposal(candidate, observation, self.stopper.decide(observation), is_aged=False)
 
-    def _shares_only_this_pass(
-        self, candidate: Candidate, cached_tokens: Callable[[RequestId], int] | None
-    ) -> bool:
-        """The candidate's covered chunks are held only by requests admitted in this pass, and the engine's
-        cache does not hold them already."""
+    def _is_in_flight(self, candidate: Candidate, cached_tokens: Callable[[RequestId], int] | None) -> bool:
+        """Running requests share chunks with the candidate beyond what the engine's cache holds."""
         covered = candidate.num_chunks - candidate.num_missing
-        if covered == 0 or not self._pass_admitted or not self._defer_uncached_prefix:
+        if covered == candidate.num_chunks:
+            covered -= 1  # a cache never matches a whole prompt: its last token is always computed
+        if covered <= 0 or not self._defer_uncached_prefix:
             return False
-        if (
-            cached_tokens is not None
-            and cached_tokens(candidate.request_id) >= covered * self.tree.chunk_size
-        ):
+        if cached_tokens is None:
+            return self._shares_only_this_pass(candidate, covered)
+        page = self._page_size
+        shared = covered * self.tree.chunk_size
+        return shared - shared % page > cached_tokens(candidate.request_id) // page * page
+
+    def _shares_only_this_pass(self, candidate: Candidate, covered: int) -> bool:
+        """Without a view of the cache: the shared chunks are held only by requests admitted in this pass."""
+        if not self._pass_admitted:
             return False
         rid, tree = candidate.request_id, self.tree
         fresh = sum(
             tree.state(other) is RequestState.ACTIVE and tree.shares_prefix(rid, other, covered)
             for other in self._pass_admitted
         )
-        return self.tree.num_holding(rid, covered) == fresh
+        return tree.num_holding(rid, covered) == fresh
+
+    def skip(self, proposal: Proposal) -> None:
+        """Pass over a (deferred) request until the pass ends."""
+        self.tree.suspend(proposal.request_id)
+        self._skipped.append(proposal.request_id)
+        self.stats.num_deferred += 1
+
+    def _resume_skipped(self) -> None:
+        tree = self.tree
+        for rid in self._skipped:
+            if rid in tree and tree.is_suspended(rid):
+                tree.resume(rid)
+        self._skipped.clear()
 
     def accept(self, proposal: Proposal) -> None:
         """The engine admitted the proposed request."""
@@ -311,10 +387,7 @@ class Admission:
             self._records.append(DecisionRecord(proposal.observation, Decision.ADD))
 
     def decline(self, proposal: Proposal) -> None:
-        """A STOP ends this pass; the stopper's own decisions await the window's reward."""
-        if proposal.is_deferred:
-            self.stats.num_deferred += 1
-            return
+        """The stopper's STOP ends this pass; its decisions await the window's reward."""
         self.stats.num_stops += 1
         self._records.append(DecisionRecord(proposal.observation, Decision.STOP))
 
@@ -332,6 +405,12 @@ class Admission:
         """A whole pass: admit requests until the stopper, the engine's `fits` check or `max_requests` says no
         (`cached_tokens` as for `propose`)."""
         self.begin_pass()
+        try:
+            return self._select(batch_size, max_requests, fits, cached_tokens)
+        finally:
+            self.end_pass()
+
+    def _select(self, batch_size, max_requests, fits, cached_tokens) -> AdmissionPlan:
         admitted: list[RequestId] = []
         while True:
             if max_requests is not None and len(admitted) >= max_requests:
@@ -350,10 +429,31 @@ class Admission:
 
     # ----------------------------------------------------------------- learning
 
+    def on_decode_step(self, num_tokens: int) -> None:
+        """The engine decoded `num_tokens` tokens in one step (counted while a reward window is open)."""
+        if self._window_start is not None:
+            self._window_tokens += num_tokens
+
+    def on_batch_drained(self) -> None:
+        """Nothing runs any more: reward the open window and open none until the next decision."""
+        self._close_window()
+        self._window_start = None
+
+    def _roll_window(self) -> None:
+        """At a pass's first stopper decision: reward the open window if it decoded anything, open the next."""
+        if self._window_start is None or self._close_window():
+            self._window_start = self.clock()
+
+    def _close_window(self) -> bool:
+        if self._window_start is None or self._window_tokens == 0:
+            return False
+        self.end_window(self._window_tokens, self.clock() - self._window_start)
+        self._window_tokens = 0
+        return True
+
     def end_window(self, num_tokens: int, elapsed_s: float) -> float | None:
-        """Close a batch window: its decode throughput becomes the reward of the decisions made since the last
-        window (a window without decisions still updates the reward's normalisation). Returns the normalised
-        reward, or None for an empty window (no tokens or no time)."""
+        """Reward every decision made since the last window with `num_tokens / elapsed_s` (normalised); a
+        window without decisions still updates the normalisation. None for an empty window."""
         if elapsed_s <= 0 or num_tokens <= 0:
             return None
         records, self._records = self._records, []
@@ -365,7 +465,7 @@ class Admission:
     def save_state(self) -> None:
         """Persist the learned stopper (atomic); a no-op without a state path."""
         if self._state_path is not None:
-            save_state(self.stopper, self._state_path)
+            save_state(self.stopper, self._state_path, tag=self._state_tag)
 
     # ----------------------------------------------------------------- views for adapters
 

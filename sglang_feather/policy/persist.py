@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,18 @@ VERSION = 1
 logger = logging.getLogger(__name__)
 
 
-def save_state(policy: StoppingPolicy, path: str | Path) -> None:
-    """Write {format, version, policy, state} to `path` atomically (temp file in the same folder, fsync,
-    os.replace): readers and concurrent writers only ever see a complete file. OSError if it cannot be
-    written; the previous file, if any, is then left as it was."""
+def save_state(policy: StoppingPolicy, path: str | Path, tag: Mapping[str, str] | None = None) -> None:
+    """Write {format, version, policy, tag, state} to `path` atomically (temp file in the same folder, fsync,
+    os.replace): readers and concurrent writers only ever see a complete file. `tag` names where the state
+    was learned (engine, model, GPU). OSError if it cannot be written; the previous file is then left as is."""
     path = Path(path)
-    document = {"format": FORMAT, "version": VERSION, "policy": policy.name, "state": policy.state_dict()}
+    document = {
+        "format": FORMAT,
+        "version": VERSION,
+        "policy": policy.name,
+        "tag": dict(tag or {}),
+        "state": policy.state_dict(),
+    }
     text = json.dumps(document, sort_keys=True, allow_nan=False)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -50,10 +57,11 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def load_state(policy: StoppingPolicy, path: str | Path) -> bool:
+def load_state(policy: StoppingPolicy, path: str | Path, tag: Mapping[str, str] | None = None) -> bool:
     """Install the state saved at `path`; True on success. A missing file returns False quietly; an
-    unreadable, corrupt, wrong-format, wrong-version or other-policy file logs a warning and returns
-    False, leaving `policy` as it was (fresh)."""
+    unreadable, corrupt, wrong-format, wrong-version, other-policy or other-tag file (learned on another
+    engine, model or GPU: a tag key both sides give with different values) logs a warning and returns False,
+    leaving `policy` as it was (fresh)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -71,6 +79,20 @@ def load_state(policy: StoppingPolicy, path: str | Path) -> bool:
         return _fresh(path, f"has version {document.get('version')!r}, this build reads version {VERSION}")
     if document.get("policy") != policy.name:
         return _fresh(path, f"holds state of policy {document.get('policy')!r}, not {policy.name!r}")
+    saved_tag = document.get("tag") or {}
+    clash = sorted(
+        k
+        for k, v in (tag or {}).items()
+        if isinstance(saved_tag, dict) and k in saved_tag and saved_tag[k] != v
+    )
+    if clash:
+        return _fresh(
+            path,
+            "was learned under "
+            + ", ".join(f"{k}={saved_tag[k]!r}" for k in clash)
+            + ", not "
+            + ", ".join(f"{k}={tag[k]!r}" for k in clash),
+        )
     state = document.get("state")
     if not isinstance(state, dict):
         return _fresh(path, "has no state object")

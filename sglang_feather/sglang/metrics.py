@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-PASS_TIME_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
+STEP_TIME_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
 DEPTH_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 GROUP_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
 
@@ -40,14 +40,24 @@ class FeatherMetrics:
         )
         self._groups = Histogram(
             "sglang:feather_prefix_groups",
-            "Distinct prefix groups (first CHT chunk) per decode batch.",
+            "Distinct prefix groups (first CHT chunk) in the running batch after each prefill.",
             buckets=GROUP_BUCKETS,
             **common,
         )
-        self._pass_time = Histogram(
-            "sglang:feather_pass_seconds",
-            "Time Feather spent in one scheduler pass (queue sync, ordering and admission decisions).",
-            buckets=PASS_TIME_BUCKETS,
+        self._step_time = Histogram(
+            "sglang:feather_step_seconds",
+            "Time Feather spent in one scheduler step: queue events, the prefill pass and the step end.",
+            buckets=STEP_TIME_BUCKETS,
+            **common,
+        )
+        self._drift = Counter(
+            "sglang:feather_drift",
+            "Requests the periodic self-check found out of step with SGLang's queues (a missed event).",
+            **common,
+        )
+        self._errors = Counter(
+            "sglang:feather_errors",
+            "Exceptions inside Feather; each turned the rest of its pass into FCFS.",
             **common,
         )
 
@@ -58,7 +68,8 @@ class FeatherMetrics:
             registry=common["registry"],
             multiprocess_mode="mostrecent",
         )
-        for series in (self._admissions, self._stops, self._delta, self._groups, self._pass_time):
+        series_list = (self._admissions, self._stops, self._delta, self._groups, self._step_time)
+        for series in (*series_list, self._drift, self._errors):
             series.labels(**self.labels)  # export zeros from the start, not only after the first event
 
     def admitted(self, delta: int) -> None:
@@ -71,8 +82,14 @@ class FeatherMetrics:
     def decode_batch(self, num_groups: int) -> None:
         self._groups.labels(**self.labels).observe(num_groups)
 
-    def scheduler_pass(self, seconds: float) -> None:
-        self._pass_time.labels(**self.labels).observe(seconds)
+    def scheduler_step(self, seconds: float) -> None:
+        self._step_time.labels(**self.labels).observe(seconds)
+
+    def drift(self, num_requests: int) -> None:
+        self._drift.labels(**self.labels).inc(num_requests)
+
+    def error(self) -> None:
+        self._errors.labels(**self.labels).inc()
 
     def tracked(self, num_waiting: int, num_active: int) -> None:
         self._tracked.labels(**self.labels, state="waiting").set(num_waiting)

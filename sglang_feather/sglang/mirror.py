@@ -13,16 +13,15 @@ from sglang_feather.types import ChunkHash
 
 # How it works.
 #
-# SGLang owns the truth: `waiting_queue` (a list of `Req`) and the running batch. Instead of hooking every
-# place that moves a request (admission, retraction, abort, finish, chunked prefill, grammar queue, ...),
-# the mirror reconciles ids whenever the scheduler is about to decide: a waiting request unknown to the tree
-# is enqueued with `origin_input_ids + output_ids`; a running request still marked waiting is activated; a
-# tree-active request found back in the waiting queue was retracted; a waiting request whose token count or
-# `Req` object changed (prompt growth, a new turn that reuses the rid) is re-enqueued (`requeue`), keeping its
-# arrival time; a request found nowhere has left. One exception: the chunked-prefill request is in flight
-# between passes (neither waiting nor in the running batch), so a partial sync keeps an absent active
-# request unless it has finished; the end-of-step sync, which is told about the chunked request, drops
-# everything else. Cost: O(waiting + running) dictionary work per sync, hashing only on (re)enqueue.
+# SGLang owns the truth: `waiting_queue` (a list of `Req`) and the running batch. The runtime forwards the
+# scheduler's own events, each O(1) plus hashing a new prompt: a request entering the waiting queue
+# (`queued`: a new one is enqueued with `origin_input_ids + output_ids`; a known running one was retracted and
+# waits again with its grown prompt, keeping its arrival time; a `Req` object that replaces a known one with
+# the same rid starts over), and a request leaving for good (`left`: finished or aborted, in whatever state).
+# Admissions are Feather's own decisions. `sync()` is the slow path: it reconciles ids with the full queues
+# (used as a periodic self-check, and when an event was missed); its count of corrections is the drift. The
+# chunked-prefill request is in flight between passes (neither waiting nor in the running batch), so a
+# partial sync keeps an absent active request unless it has finished; a complete one drops it.
 
 
 def namespace_of(req: Any) -> str | None:
@@ -59,6 +58,7 @@ class QueueMirror:
     def __init__(self, admission: Any) -> None:
         self.admission = admission
         self._entries: dict[Any, _Entry] = {}
+        self._num_changes = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -80,12 +80,26 @@ class QueueMirror:
     def tracked(self) -> Iterable[Any]:
         return self._entries.keys()
 
-    def sync(self, waiting: Sequence[Any], running: Iterable[Any], *, complete: bool) -> None:
-        """Make the tree hold exactly `waiting` (as WAITING) and `running` (as ACTIVE).
+    def queued(self, req: Any) -> None:
+        """`req` entered SGLang's waiting queue (a new request, or a retracted one)."""
+        self._ensure_waiting(req)
+
+    def left(self, req: Any) -> bool:
+        """`req` left for good (finished or aborted); False if the mirror did not track this `Req`."""
+        entry = self._entries.get(req.rid)
+        if entry is None or entry.req is not req:
+            return False
+        self._drop(req.rid)
+        return True
+
+    def sync(self, waiting: Sequence[Any], running: Iterable[Any], *, complete: bool) -> int:
+        """Make the tree hold exactly `waiting` (as WAITING) and `running` (as ACTIVE); returns the number of
+        corrections (requests enqueued, dropped, activated, retracted or re-enqueued).
 
         `complete=False` (mid-pass: the chunked request may be in flight) keeps an absent active request
         unless its `Req` has finished; `complete=True` removes every absent request.
         """
+        self._num_changes = 0
         waiting_ids = {req.rid for req in waiting}
         running = list(running)
         running_ids = {req.rid for req in running}
@@ -97,6 +111,7 @@ class QueueMirror:
             self._ensure_active(req)
         for req in waiting:
             self._ensure_waiting(req)
+        return self._num_changes
 
     def clear(self) -> None:
         for rid in list(self._entries):
@@ -110,6 +125,7 @@ class QueueMirror:
             self._enqueue(req, again=True)
         elif self.tree.state(req.rid) is RequestState.ACTIVE:
             self.admission.retract(req.rid)
+            self._num_changes += 1
 
     def _ensure_active(self, req: Any) -> None:
         entry = self._entries.get(req.rid)
@@ -120,6 +136,7 @@ class QueueMirror:
             return
         if self.tree.state(req.rid) is RequestState.WAITING:
             self.admission.activate(req.rid)
+            self._num_changes += 1
 
     def _enqueue(self, req: Any, *, again: bool = False) -> bool:
         """Insert as WAITING; `again` replaces a known request's prompt and keeps its arrival time."""
@@ -134,10 +151,12 @@ class QueueMirror:
         else:
             self.admission.enqueue(req.rid, hashes=hashes)
         self._entries[req.rid] = _Entry(req=req, num_tokens=num_tokens_of(req), first_hash=hashes[0])
+        self._num_changes += 1
         return True
 
     def _drop(self, rid: Any) -> None:
         del self._entries[rid]
+        self._num_changes += 1
         state = self.tree.state(rid)
         if state is RequestState.ACTIVE:
             self.admission.finish(rid)

@@ -37,7 +37,7 @@ class FeatherOptions:
     """A request waiting this long is admitted whatever the stopper says; None disables the guard."""
     seed: int = 0
     defer_uncached_prefix: bool = True
-    """Defer a request whose shared prefix only this pass's admissions hold (not cached yet)."""
+    """Skip, for one pass, a request whose prefix shared with running requests is not cached yet."""
 
     def __post_init__(self) -> None:
         if isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size < 1:
@@ -132,8 +132,8 @@ _FLAGS = (
         "defer_uncached_prefix",
         _on_off,
         "on|off",
-        "Stop a prefill pass before a request whose shared prefix only this pass's admissions hold, so the "
-        "prefix is computed once and cached (default on).",
+        "Skip, for one prefill pass, a request whose prefix shared with running requests the radix cache does "
+        "not hold yet (an in-flight prefill is computing it), so the prefix is computed once (default on).",
     ),
 )
 
@@ -209,8 +209,11 @@ def validate(options: FeatherOptions) -> None:
         raise FeatherOptionsError(f"invalid Feather options: {err}") from err
 
 
-def options_to_config(options: FeatherOptions) -> AdmissionConfig:
-    """The shared admission component's config (raises its ConfigError, a ValueError, for bad values)."""
+def options_to_config(
+    options: FeatherOptions, *, page_size: int = 1, defer_uncached_prefix: bool | None = None
+) -> AdmissionConfig:
+    """The shared admission component's config (raises its ConfigError, a ValueError, for bad values);
+    `page_size` and a forced deferral setting come from the scheduler's cache."""
     return AdmissionConfig(
         chunk_size=options.chunk_size,
         stopper=options.stopper,
@@ -218,7 +221,11 @@ def options_to_config(options: FeatherOptions) -> AdmissionConfig:
         max_wait_s=options.max_wait_s,
         state_path=options.state_path,
         seed=options.seed,
-        defer_uncached_prefix=options.defer_uncached_prefix,
+        defer_uncached_prefix=(
+            options.defer_uncached_prefix if defer_uncached_prefix is None else defer_uncached_prefix
+        ),
+        page_size=page_size,
+        state_tag={"engine": "sglang"},
     )
 
 

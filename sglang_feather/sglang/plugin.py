@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import inspect
 import logging
+import pkgutil
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
+SUPPORTED_SGLANG = "0.5.23"
+"""The SGLang release whose scheduler internals the hooks below were written against."""
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
+POLICY = "sglang.srt.managers.schedule_policy.SchedulePolicy"
 
 
 _registered = False
+_startup_error: str | None = None
+
+
+class FeatherStartupError(RuntimeError):
+    """This SGLang does not have the hook targets Feather was built against."""
 
 
 def policy_choices() -> list[str]:
@@ -26,9 +37,10 @@ def policy_choices() -> list[str]:
 def register() -> None:
     """Called by SGLang's `load_plugins()` in the launcher and again in every scheduler process.
 
-    Does nothing on an SGLang that carries the source patch set (it already lists `feather`).
-    """
-    global _registered
+    Does nothing on an SGLang that carries the source patch set (it already lists `feather`). On another SGLang
+    release, or one whose hook targets moved, only the flag is added: choosing it fails at startup with a
+    message naming the supported release (SGLang's `load_plugins` would only log an exception)."""
+    global _registered, _startup_error
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from sglang_feather.sglang.options import FEATHER
@@ -40,15 +52,50 @@ def register() -> None:
                 "SGLang already lists --schedule-policy %s (source patch set): plugin inactive", FEATHER
             )
         return
-    from sglang_feather.sglang.policy import FeatherSchedulePolicy
-
     _registered = True
     choices.append(FEATHER)
-    HookRegistry.register(
-        "sglang.srt.managers.schedule_policy.SchedulePolicy", FeatherSchedulePolicy, HookType.REPLACE
-    )
-    for target, hook in _HOOKS.items():
+    _startup_error = check_sglang()
+    if _startup_error is not None:
+        logger.error("sglang-feather disabled: %s", _startup_error)
+        HookRegistry.register(f"{SERVER_ARGS}.from_cli_args", _refuse_feather, HookType.AFTER)
+        return
+    from sglang_feather.sglang.policy import FeatherSchedulePolicy
+
+    HookRegistry.register(POLICY, FeatherSchedulePolicy, HookType.REPLACE)
+    for target, (hook, _params) in HOOKS.items():
         HookRegistry.register(target, hook, HookType.AFTER)
+
+
+def check_sglang() -> str | None:
+    """Why this SGLang cannot run Feather (version, a hook target missing or with another signature); None if
+    it can."""
+    try:
+        version = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    if version != SUPPORTED_SGLANG:
+        return (
+            f"sglang-feather supports SGLang {SUPPORTED_SGLANG} only, found {version}: "
+            f"pip install 'sglang=={SUPPORTED_SGLANG}', or use another --schedule-policy"
+        )
+    for target, (_hook, params) in {POLICY: (None, ("policy", "tree_cache")), **HOOKS}.items():
+        try:
+            signature = inspect.signature(pkgutil.resolve_name(target))
+        except (ImportError, AttributeError, ValueError) as err:
+            return (
+                f"SGLang {version} has no {target} ({err}); sglang-feather expects SGLang {SUPPORTED_SGLANG}"
+            )
+        names = tuple(signature.parameters)[: len(params)]
+        if names != params:
+            return f"{target}{signature} does not take {params}; sglang-feather expects SGLang {SUPPORTED_SGLANG}"
+    return None
+
+
+def _refuse_feather(server_args: Any, _cls: type, args: Any) -> None:
+    from sglang_feather.sglang.options import FEATHER, FeatherOptionsError
+
+    if getattr(args, "schedule_policy", None) == FEATHER:
+        raise FeatherOptionsError(_startup_error)
 
 
 def _after_add_cli_args(_result: None, parser: Any) -> None:
@@ -81,10 +128,35 @@ def _after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwar
     on_step_end(scheduler, plan)
 
 
-_HOOKS = {
-    f"{SERVER_ARGS}.add_cli_args": _after_add_cli_args,
-    f"{SERVER_ARGS}.from_cli_args": _after_from_cli_args,
-    f"{SCHEDULER}.init_schedule_policy": _after_init_schedule_policy,
-    f"{SCHEDULER}.get_prefill_adder_class": _after_get_prefill_adder_class,
-    f"{SCHEDULER}.get_next_batch_to_run": _after_get_next_batch_to_run,
+def _after_add_request_to_queue(_result: None, scheduler: Any, req: Any, *_args: Any, **_kwargs: Any) -> None:
+    from sglang_feather.sglang.scheduler_hooks import on_queued
+
+    on_queued(scheduler, req)
+
+
+def _after_release_aborted_request(_result: None, scheduler: Any, req: Any) -> None:
+    from sglang_feather.sglang.scheduler_hooks import on_aborted
+
+    on_aborted(scheduler, req)
+
+
+def _after_release_kv_cache(_result: None, req: Any, tree_cache: Any, *_args: Any, **_kwargs: Any) -> None:
+    from sglang_feather.sglang.scheduler_hooks import on_kv_released
+
+    on_kv_released(req, tree_cache)
+
+
+HOOKS = {
+    f"{SERVER_ARGS}.add_cli_args": (_after_add_cli_args, ("parser",)),
+    f"{SERVER_ARGS}.from_cli_args": (_after_from_cli_args, ("args",)),
+    f"{SCHEDULER}.init_schedule_policy": (_after_init_schedule_policy, ("self",)),
+    f"{SCHEDULER}.get_prefill_adder_class": (_after_get_prefill_adder_class, ("self",)),
+    f"{SCHEDULER}.get_next_batch_to_run": (
+        _after_get_next_batch_to_run,
+        ("self", "running_batch", "last_batch"),
+    ),
+    f"{SCHEDULER}._add_request_to_queue": (_after_add_request_to_queue, ("self", "req", "is_retracted")),
+    f"{SCHEDULER}._release_aborted_request": (_after_release_aborted_request, ("self", "req")),
+    "sglang.srt.mem_cache.common.release_kv_cache": (_after_release_kv_cache, ("req", "tree_cache")),
 }
+"""Hook target -> (AFTER hook, the leading parameter names the hook relies on)."""

@@ -31,7 +31,7 @@ class FeatherSchedulePolicy(_sglang_policy.SchedulePolicy):
             super().__init__(policy, tree_cache, *args, **kwargs)
             return
         super().__init__(_sglang_policy.CacheAgnosticPolicy.FCFS.value, tree_cache, *args, **kwargs)
-        self.feather = FeatherRuntime(FeatherOptions())
+        self.feather = FeatherRuntime(FeatherOptions(), tree_cache=tree_cache)
 
     def configure(
         self,
@@ -43,7 +43,7 @@ class FeatherSchedulePolicy(_sglang_policy.SchedulePolicy):
         if self.feather is None:
             raise ValueError(f"configure() needs schedule policy {FEATHER!r}")
         self.feather.close()
-        self.feather = FeatherRuntime(options, metrics, clock)
+        self.feather = FeatherRuntime(options, metrics, clock, tree_cache=self.tree_cache)
         self._adder_classes.clear()
 
     def calc_priority(
@@ -51,7 +51,7 @@ class FeatherSchedulePolicy(_sglang_policy.SchedulePolicy):
     ) -> None:
         if self.feather is None:
             return super().calc_priority(waiting_queue, running_batch, processed_tokens)
-        self.feather.order(waiting_queue, running_batch.reqs if running_batch is not None else ())
+        self.feather.begin_pass(waiting_queue, running_batch.reqs if running_batch is not None else ())
         return None
 
     def prefill_adder_class(self, base: type) -> type:
@@ -69,21 +69,17 @@ class FeatherSchedulePolicy(_sglang_policy.SchedulePolicy):
 
 
 class FeatherAdderMixin:
-    """Consults the stopper before SGLang's own `add_one_req`; SGLang's token and KV budgets still apply."""
+    """Consults Feather before SGLang's own `add_one_req`; SGLang's token and KV budgets still apply."""
 
     feather: FeatherRuntime
 
     def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: int | None):
         running = self.running_batch.reqs if self.running_batch is not None else ()
-        proposal = self.feather.propose(req, batch_size=len(running) + len(self.can_run_list))
-        if proposal is None:
-            return super().add_one_req(req, has_chunked_req, truncation_align_size)
-        if self.feather.says_stop(proposal):
-            self.feather.decline(proposal)
-            return AddReqResult.OTHER
-        result = super().add_one_req(req, has_chunked_req, truncation_align_size)
-        if self.can_run_list and self.can_run_list[-1] is req:
-            self.feather.accept(proposal, req)
-        else:
-            self.feather.withdraw(proposal)
-        return result
+        return self.feather.admit(
+            req,
+            batch_size=len(running) + len(self.can_run_list),
+            sglang_add=lambda: super(FeatherAdderMixin, self).add_one_req(
+                req, has_chunked_req, truncation_align_size
+            ),
+            added=lambda: bool(self.can_run_list) and self.can_run_list[-1] is req,
+        )

@@ -1,32 +1,39 @@
-"""Per-scheduler Feather state: the shared admission component, the queue mirror, reward windows, metrics."""
+"""Per-scheduler Feather state: the shared admission component, the queue mirror, events, metrics."""
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from sglang_feather.admission import Admission
+from sglang_feather.admission import Admission, Proposal
 from sglang_feather.policy.base import Decision
 from sglang_feather.sglang.metrics import FeatherMetrics
 from sglang_feather.sglang.mirror import QueueMirror
 from sglang_feather.sglang.options import FeatherOptions, options_to_config
 
+logger = logging.getLogger(__name__)
+
 SAVE_INTERVAL_S = 30.0
 """How often a learning stopper's state is written to `--feather-state-path` while serving."""
+SELF_CHECK_INTERVAL_S = 5.0
+"""How often the mirror is reconciled with SGLang's full queues to catch a missed event (O(W + R))."""
 
 # How it works.
 #
-# SGLang calls `order()` from `SchedulePolicy.calc_priority` at the start of every prefill pass: the mirror
-# reconciles the tree with the queue, and the queue is sorted best-first by `Admission.sort_key` (starved
-# requests first, then fewest chunks missing from the running batch's working set, then earlier arrival). SGLang's
-# admission loop then walks that list and calls the PrefillAdder; for each request Feather's adder asks
-# `propose()` (the stopper's add/stop decision on that candidate), lets SGLang's budgets have the last
-# word, and reports `accept()` or `decline()`. After an admission the working set grew, so `promote()`
-# moves the tree's new best into the next slot of the list the loop is walking. The reward of a batch
-# window is the decode throughput between two admission passes that decided something: `end_step()`
-# counts decode tokens, and the first decision of the next pass closes the window (so does the running
-# batch draining, so that idle time never dilutes a reward).
+# The scheduler's own events keep the CHT equal to SGLang's queues in O(changed requests): `on_queued` (a
+# request appended to the waiting queue: arrival or retraction), `on_left` (a request finished or aborted),
+# and Feather's own admissions. A pass never sorts the queue. `begin_pass` (from `calc_priority`) moves
+# Feather's first candidate to the head of `waiting_queue`; SGLang's admission loop walks that list and calls
+# the adder, which asks `admit` for each request it reaches. After every admission the next candidate is moved
+# into the slot the loop reaches next (one `list.index` and one move: C-speed, no Python loop over W), so the
+# loop walks Feather's order while SGLang's token and KV budgets keep the last word. Candidates whose prefix an
+# in-flight prefill is computing are skipped by the admission component (the cache view is SGLang's own
+# `match_kv_cache`, the same match `lpm` makes); when Feather has nothing more to offer the pass ends. Every
+# step end reports decode tokens to the admission's reward window; every SELF_CHECK_INTERVAL_S a full
+# reconcile runs and counts drift. Any exception inside Feather is logged with the request ids, counted, and
+# turns the rest of that pass into SGLang's FCFS; the tree is rebuilt from the queues at the next step end.
 
 
 class FeatherRuntime:
@@ -35,125 +42,231 @@ class FeatherRuntime:
         options: FeatherOptions,
         metrics: FeatherMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        tree_cache: Any = None,
     ) -> None:
         self.options = options
         self.metrics = metrics
         self.clock = clock
-        self.admission = Admission.from_config(options_to_config(options), clock=clock)
+        self.tree_cache = tree_cache
+        has_cache = tree_cache is not None and not getattr(tree_cache, "disable", False)
+        self.config = options_to_config(
+            options,
+            page_size=int(getattr(tree_cache, "page_size", 1) or 1),
+            defer_uncached_prefix=options.defer_uncached_prefix and has_cache,
+        )
+        self.admission = Admission.from_config(self.config, clock=clock)
         self.mirror = QueueMirror(self.admission)
         self._queue: list[Any] | None = None
-        self._decided_this_pass = False
-        self._window_start: float | None = None
-        self._window_tokens = 0
-        self._pass_s = 0.0
+        self._fcfs_pass = False
+        self._needs_rebuild = False
+        self._step_s = 0.0
         self._last_save = clock()
+        self._last_check = clock()
         self._saved_windows = 0
+        self.num_drift = 0
+        self.num_errors = 0
+        if tree_cache is not None:
+            _BY_CACHE[id(tree_cache)] = self
 
     @property
     def tree(self):
         return self.admission.tree
 
+    # ------------------------------------------------------------ scheduler events
+
+    def on_queued(self, req: Any) -> None:
+        """SGLang appended `req` to its waiting queue (a new request, or a retracted one)."""
+        self._guarded(self.mirror.queued, req)
+
+    def on_left(self, req: Any) -> None:
+        """`req` finished or was aborted; it never comes back under this `Req` object."""
+        self._guarded(self.mirror.left, req)
+
+    def _guarded(self, event: Callable[[Any], Any], req: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            event(req)
+        except Exception:
+            self._failed(f"{event.__name__} event", [req])
+        self._step_s += time.perf_counter() - t0
+
     # ------------------------------------------------------------ prefill pass
 
-    def order(self, waiting_queue: list[Any], running: Iterable[Any]) -> None:
-        """Reconcile the tree with SGLang's queues, then sort `waiting_queue` in place, best first."""
+    def begin_pass(self, waiting_queue: list[Any], running: Sequence[Any]) -> None:
+        """Called from `calc_priority`: put Feather's first candidate at the head of `waiting_queue`."""
         t0 = time.perf_counter()
-        self.mirror.sync(waiting_queue, running, complete=False)
-        waiting_queue.sort(key=self._ranker())
         self._queue = waiting_queue
-        self._decided_this_pass = False
-        self.admission.begin_pass()
-        self._pass_s += time.perf_counter() - t0
+        self._fcfs_pass = False
+        try:
+            self.admission.begin_pass()
+            if self._needs_rebuild:
+                self._rebuild(waiting_queue, running)
+            elif len(waiting_queue) != self.tree.num_waiting:
+                self._drifted(self.mirror.sync(waiting_queue, running, complete=False))
+            self._promote(0)
+        except Exception:
+            self._failed("pass start", waiting_queue[:8])
+        self._step_s += time.perf_counter() - t0
 
-    def _ranker(self) -> Callable[[Any], tuple]:
-        sort_key, mirror = self.admission.sort_key, self.mirror
+    def admit(self, req: Any, batch_size: int, sglang_add: Callable[[], Any], added: Callable[[], bool]):
+        """What Feather's adder returns for `req`: the stopper's verdict, then SGLang's own `add_one_req`."""
+        from sglang.srt.managers.schedule_policy import AddReqResult
 
-        def rank(req: Any) -> tuple:
-            return (0, *sort_key(req.rid)) if req.rid in mirror else (1,)
+        if self._fcfs_pass:
+            return sglang_add()
+        t0 = time.perf_counter()
+        try:
+            proposal = self._proposal_for(req, batch_size)
+        except Exception:
+            self._failed("proposal", [req])
+            return sglang_add()
+        if proposal is None:
+            self._step_s += time.perf_counter() - t0
+            return AddReqResult.OTHER
+        if proposal.decision is Decision.STOP:
+            if proposal.is_deferred:
+                self.admission.skip(proposal)
+            else:
+                self.admission.decline(proposal)
+                if self.metrics is not None:
+                    self.metrics.stopped()
+            self._step_s += time.perf_counter() - t0
+            return AddReqResult.OTHER
+        self._step_s += time.perf_counter() - t0
+        result = sglang_add()
+        t0 = time.perf_counter()
+        try:
+            if added():
+                self.admission.accept(proposal)
+                if self.metrics is not None:
+                    self.metrics.admitted(proposal.candidate.delta)
+                self._promote_after(req)
+            else:
+                self.admission.withdraw(proposal)
+        except Exception:
+            self._failed("admission", [req])
+        self._step_s += time.perf_counter() - t0
+        return result
 
-        return rank
-
-    def propose(self, req: Any, batch_size: int):
-        """The stopper's proposal for admitting `req`, or None when Feather does not track it as waiting."""
-        if not self.admission.is_waiting(req.rid):
+    def _proposal_for(self, req: Any, batch_size: int) -> Proposal | None:
+        """The stopper's proposal for the request SGLang reached; None ends the pass (Feather has nothing
+        more to offer: the request is skipped for this pass or was never Feather's candidate)."""
+        rid = req.rid
+        if rid not in self.mirror or self.mirror.request(rid) is not req:
+            self.mirror.queued(req)
+            self._drifted(1)
+        if not self.admission.is_waiting(rid) or self.tree.is_suspended(rid):
             return None
-        t0 = time.perf_counter()
-        if not self._decided_this_pass:
-            self._decided_this_pass = True
-            self._close_window()
-        # SGLang's loop ran `req.init_next_round_input` just before: `prefix_len` is what the radix cache holds.
-        proposal = self.admission.propose(
-            batch_size, request_id=req.rid, cached_tokens=lambda _: req.prefix_len
-        )
-        self._pass_s += time.perf_counter() - t0
-        return proposal
-
-    @staticmethod
-    def says_stop(proposal: Any) -> bool:
-        return proposal.decision is Decision.STOP
-
-    def accept(self, proposal: Any, req: Any) -> None:
-        t0 = time.perf_counter()
-        self.admission.accept(proposal)
-        if self.metrics is not None:
-            self.metrics.admitted(proposal.candidate.delta)
-        self._promote_after(req)
-        self._pass_s += time.perf_counter() - t0
-
-    def decline(self, proposal: Any) -> None:
-        self.admission.decline(proposal)
-        if self.metrics is not None:
-            self.metrics.stopped()
-
-    def withdraw(self, proposal: Any) -> None:
-        """SGLang's own budget refused the request the stopper would have added: no decision to learn from."""
-        self.admission.withdraw(proposal)
+        # SGLang's loop ran `req.init_next_round_input` just before: `prefix_len` is what the cache holds.
+        return self.admission.propose(batch_size, request_id=rid, cached_tokens=lambda _: req.prefix_len)
 
     def _promote_after(self, req: Any) -> None:
         queue = self._queue
-        best = self.tree.best()
-        if queue is None or best is None or best.request_id not in self.mirror:
+        if queue is None:
             return
-        best_req = self.mirror.request(best.request_id)
         try:
             here = queue.index(req)
-            there = queue.index(best_req, here + 1)
         except ValueError:
             return
-        if there > here + 1 and not self._is_starved(queue[here + 1]):
-            queue.insert(here + 1, queue.pop(there))
+        self._promote(here + 1)
 
-    def _is_starved(self, req: Any) -> bool:
-        return self.admission.is_waiting(req.rid) and self.admission.guard.is_starved(
-            self.admission.wait_s(req.rid)
-        )
+    def _promote(self, slot: int) -> None:
+        """Move the admission's next request into `queue[slot]`, the next one SGLang's loop reaches."""
+        queue = self._queue
+        rid = self.admission.next_request(self._cached_tokens)
+        if queue is None or rid is None:
+            return
+        req = self.mirror.request(rid)
+        if slot < len(queue) and queue[slot] is req:
+            return
+        try:
+            there = queue.index(req, slot)
+        except ValueError:
+            return
+        queue.insert(slot, queue.pop(there))
+
+    def _cached_tokens(self, rid: Any) -> int:
+        """The prompt prefix SGLang's prefix cache holds for a waiting request (tokens)."""
+        from sglang.srt.mem_cache.common import match_kv_cache
+
+        if self.tree_cache is None:
+            return 0
+        req = self.mirror.request(rid)
+        match_kv_cache(req, self.tree_cache)
+        return req.prefix_len
 
     # ------------------------------------------------------------ step end
 
-    def end_step(self, waiting: Sequence[Any], active: Iterable[Any], decode_reqs: Sequence[Any]) -> None:
-        """Called once per scheduler step with the complete picture; drops whatever has left."""
+    def end_step(self, scheduler: Any, plan: Any) -> None:
+        """After `get_next_batch_to_run`: reward bookkeeping, metrics, the periodic self-check."""
+        t0 = time.perf_counter()
         self._queue = None
-        self.mirror.sync(waiting, active, complete=True)
-        if decode_reqs:
-            if self._window_start is not None:
-                self._window_tokens += len(decode_reqs)
-            if self.metrics is not None:
-                groups = {self.mirror.first_hash(req.rid) for req in decode_reqs}
-                groups.discard(None)
-                self.metrics.decode_batch(len(groups))
-        if self.tree.num_active == 0:
-            self._end_window()
-            self._window_start = None
+        try:
+            self.admission.end_pass()
+            batch, running = plan.batch_to_run, plan.running_batch
+            if batch is not None:
+                if batch.forward_mode.is_decode():
+                    self.admission.on_decode_step(batch.batch_size())
+                else:
+                    decoding = getattr(batch, "decoding_reqs", None)
+                    if decoding:
+                        self.admission.on_decode_step(len(decoding))
+                    if self.metrics is not None and running is not None:
+                        self.metrics.decode_batch(self._num_groups(running.reqs))
+            now = self.clock()
+            if self._needs_rebuild or now - self._last_check >= SELF_CHECK_INTERVAL_S:
+                self._last_check = now
+                self._self_check(scheduler, plan)
+            if self.tree.num_active == 0:
+                self.admission.on_batch_drained()
+            self._maybe_save(now)
+        except Exception:
+            self._failed("step end", [])
+        self._step_s += time.perf_counter() - t0
         if self.metrics is not None:
             self.metrics.tracked(self.tree.num_waiting, self.tree.num_active)
-            if self._pass_s:
-                self.metrics.scheduler_pass(self._pass_s)
-        self._pass_s = 0.0
-        self._maybe_save()
+            self.metrics.scheduler_step(self._step_s)
+        self._step_s = 0.0
 
-    def _maybe_save(self) -> None:
+    def _num_groups(self, reqs: Sequence[Any]) -> int:
+        groups = {self.mirror.first_hash(req.rid) for req in reqs}
+        groups.discard(None)
+        return len(groups)
+
+    def _self_check(self, scheduler: Any, plan: Any) -> None:
+        waiting, active = full_picture(scheduler, plan)
+        if self._needs_rebuild:
+            self._rebuild(waiting, active)
+        else:
+            self._drifted(self.mirror.sync(waiting, active, complete=True))
+
+    def _rebuild(self, waiting: Sequence[Any], active: Sequence[Any]) -> None:
+        """Forget every request and mirror the queues afresh (after an exception left the tree in doubt)."""
+        self.admission.forget_all()
+        self.mirror = QueueMirror(self.admission)
+        self.mirror.sync(waiting, active, complete=False)
+        self._needs_rebuild = False
+
+    def _drifted(self, num_changes: int) -> None:
+        if num_changes:
+            self.num_drift += num_changes
+            logger.debug(
+                "Feather mirror corrected %d request(s) a scheduler event did not report", num_changes
+            )
+            if self.metrics is not None:
+                self.metrics.drift(num_changes)
+
+    def _failed(self, where: str, reqs: Sequence[Any]) -> None:
+        self.num_errors += 1
+        self._fcfs_pass = True
+        self._needs_rebuild = True
+        rids = [getattr(req, "rid", None) for req in reqs]
+        logger.exception("Feather failed in %s (requests %s); this pass falls back to FCFS", where, rids)
+        if self.metrics is not None:
+            self.metrics.error()
+
+    def _maybe_save(self, now: float) -> None:
         """Persist learned state at most every SAVE_INTERVAL_S, and only after new rewards arrived."""
-        now = self.clock()
         num_windows = self.admission.stats.num_windows
         if (
             self.options.state_path is not None
@@ -164,20 +277,35 @@ class FeatherRuntime:
             self._saved_windows = num_windows
             self.admission.save_state()
 
-    def _close_window(self) -> None:
-        """At a pass's first decision: reward the open window if it decoded anything, then open the next."""
-        if self._window_start is None or self._end_window():
-            self._window_start = self.clock()
-
-    def _end_window(self) -> bool:
-        if self._window_start is None or self._window_tokens == 0:
-            return False
-        self.admission.end_window(self._window_tokens, self.clock() - self._window_start)
-        self._window_tokens = 0
-        return True
-
     def close(self) -> None:
         """Forget every request and persist the learned state (when a state path is set)."""
-        self.mirror.clear()
+        if _BY_CACHE.get(id(self.tree_cache)) is self:
+            del _BY_CACHE[id(self.tree_cache)]
+        self.admission.forget_all()
         if self.options.state_path is not None:
             self.admission.save_state()
+
+
+_BY_CACHE: dict[int, FeatherRuntime] = {}
+"""The runtime of each scheduler's prefix cache, for events SGLang raises with the cache but no scheduler."""
+
+
+def runtime_for_cache(tree_cache: Any) -> FeatherRuntime | None:
+    return _BY_CACHE.get(id(tree_cache))
+
+
+def full_picture(scheduler: Any, plan: Any) -> tuple[list[Any], list[Any]]:
+    """SGLang's waiting requests and every request holding a batch slot after `get_next_batch_to_run`: the
+    running batch, the batch about to run, the decode requests folded into a mixed batch, the chunked one."""
+    running, batch = plan.running_batch, plan.batch_to_run
+    active = list(running.reqs) if running is not None else []
+    if batch is not None:
+        if batch is not running:
+            active.extend(batch.reqs)
+        decoding = getattr(batch, "decoding_reqs", None)
+        if decoding and not batch.forward_mode.is_decode():
+            active.extend(decoding)
+    chunked = getattr(scheduler, "chunked_req", None)
+    if chunked is not None:
+        active.append(chunked)
+    return list(scheduler.waiting_queue), active

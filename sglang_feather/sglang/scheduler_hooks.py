@@ -1,4 +1,4 @@
-"""The three calls SGLang's `Scheduler` makes into Feather (wired by the plugin or by the source patch)."""
+"""The calls SGLang makes into Feather (wired by the plugin or by the source patch)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 from sglang_feather.sglang.metrics import FeatherMetrics
 from sglang_feather.sglang.options import options_of
+from sglang_feather.sglang.runtime import runtime_for_cache
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +26,13 @@ def on_policy_created(scheduler: Any) -> None:
     if context is not None and context.collector is not None and context.current_scheduler_metrics_enabled:
         metrics = FeatherMetrics(context.collector.labels)
     scheduler.policy.configure(options, metrics)
-    logger.info("Feather scheduling: %s (metrics %s)", options, "on" if metrics is not None else "off")
+    logger.info(
+        "Feather scheduling: %s (page size %d, deferral %s, metrics %s)",
+        options,
+        scheduler.policy.feather.config.page_size,
+        "on" if scheduler.policy.feather.config.defer_uncached_prefix else "off",
+        "on" if metrics is not None else "off",
+    )
 
 
 def prefill_adder_class(scheduler: Any, base: type) -> type:
@@ -37,23 +44,30 @@ def prefill_adder_class(scheduler: Any, base: type) -> type:
 
 
 def on_step_end(scheduler: Any, plan: Any) -> None:
-    """After `Scheduler.get_next_batch_to_run`: drop finished/aborted requests, count decode tokens."""
+    """After `Scheduler.get_next_batch_to_run`: reward bookkeeping, metrics, the periodic self-check."""
     runtime = _runtime(scheduler)
-    if runtime is None:
-        return
-    running = plan.running_batch
-    batch = plan.batch_to_run
-    active = list(running.reqs) if running is not None else []
-    decode_reqs: list[Any] = []
-    if batch is not None:
-        if batch is not running:
-            active.extend(batch.reqs)
-        if batch.forward_mode.is_decode():
-            decode_reqs = list(batch.reqs)
-        elif batch.decoding_reqs:
-            decode_reqs = list(batch.decoding_reqs)
-            active.extend(decode_reqs)
-    chunked = getattr(scheduler, "chunked_req", None)
-    if chunked is not None:
-        active.append(chunked)
-    runtime.end_step(scheduler.waiting_queue, active, decode_reqs)
+    if runtime is not None:
+        runtime.end_step(scheduler, plan)
+
+
+def on_queued(scheduler: Any, req: Any) -> None:
+    """After `Scheduler._add_request_to_queue`: `req` waits (new or retracted), if it reached the queue."""
+    runtime = _runtime(scheduler)
+    queue = scheduler.waiting_queue
+    if runtime is not None and queue and queue[-1] is req:
+        runtime.on_queued(req)
+
+
+def on_aborted(scheduler: Any, req: Any) -> None:
+    """After `Scheduler._release_aborted_request`: `req` will never run."""
+    runtime = _runtime(scheduler)
+    if runtime is not None:
+        runtime.on_left(req)
+
+
+def on_kv_released(req: Any, tree_cache: Any) -> None:
+    """After SGLang's `release_kv_cache`: a finished request left the running batch."""
+    if req.finished():
+        runtime = runtime_for_cache(tree_cache)
+        if runtime is not None:
+            runtime.on_left(req)

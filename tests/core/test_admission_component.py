@@ -30,9 +30,10 @@ def test_select_admits_best_first_until_empty():
     adm.enqueue("a0", GROUP_A + [5])
     adm.enqueue("a1", GROUP_A + [6])
     plan = adm.select(batch_size=0)
-    assert plan.admitted == ("b0", "a0")
-    assert plan.stop is StopReason.STOPPER, "a1 would prefill a0's uncached prefix a second time"
+    assert plan.admitted == ("b0", "a0"), "strangers in arrival order"
+    assert plan.stop is StopReason.EMPTY, "a1 is skipped: it would prefill a0's uncached prefix a second time"
     assert adm.stats.num_deferred == 1 and adm.stats.num_stops == 0
+    assert adm.is_waiting("a1") and not adm.tree.is_suspended("a1"), "skipped for one pass only"
     plan = adm.select(batch_size=2)
     assert plan.admitted == ("a1",) and plan.stop is StopReason.EMPTY
     assert adm.tree.num_active == 3
@@ -49,16 +50,16 @@ def test_cached_prefix_is_shared_within_a_pass():
     assert adm.stats.num_deferred == 0
 
 
-def test_group_stays_together_after_first_pick():
+def test_cold_groups_send_leaders_then_followers():
     adm, _ = make()
     for i in range(3):
         adm.enqueue(f"b{i}", GROUP_B + [i])
         adm.enqueue(f"a{i}", GROUP_A + [i])
-    first = adm.select(batch_size=0, max_requests=3)
-    assert first.admitted == ("b0",) and adm.stats.num_deferred == 1
-    plan = adm.select(batch_size=1, max_requests=2)
+    first = adm.select(batch_size=0)
+    assert first.admitted == ("b0", "a0") and adm.stats.num_deferred == 4
+    plan = adm.select(batch_size=2, max_requests=3)
     assert plan.stop is StopReason.LIMIT
-    assert plan.admitted == ("b1", "b2"), plan.admitted
+    assert plan.admitted == ("b1", "a1", "b2"), "sharers by missing chunks, ties by arrival"
 
 
 def test_no_sharing_is_not_throttled():
@@ -71,9 +72,9 @@ def test_no_sharing_is_not_throttled():
 def test_static_stopper_stops_on_a_large_prefix_loss():
     adm, _ = make("static")
     adm.enqueue("a0", GROUP_A + [5])
+    assert adm.select(batch_size=0).admitted == ("a0",)
     adm.enqueue("b0", GROUP_B + [5])
     adm.enqueue("a1", GROUP_A + [6])
-    assert adm.select(batch_size=0).admitted == ("a0",)
     plan = adm.select(batch_size=1)
     assert plan == type(plan)(("a1",), StopReason.STOPPER)
     assert adm.stats.num_stops == 1

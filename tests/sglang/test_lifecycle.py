@@ -21,7 +21,7 @@ from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 
 from sglang_feather.cht import RequestState
 from sglang_feather.sglang.options import FeatherOptions
-from sglang_feather.sglang.scheduler_hooks import on_step_end
+from sglang_feather.sglang.scheduler_hooks import on_aborted, on_kv_released, on_queued, on_step_end
 
 OPTIONS = FeatherOptions(chunk_size=16, defer_uncached_prefix=False, stopper="always")
 STRICT = {"max_chunk_loss": 0, "max_chunk_loss_lenient": 0, "min_floor": 1, "max_floor": 1}
@@ -32,8 +32,9 @@ class MiniScheduler:
     """SGLang's scheduler bookkeeping around the real policy, PrefillAdder, Req and batches (no model).
 
     `step()` does what `get_next_batch_to_run` does to the queues: drop finished requests from the running
-    batch, run one prefill pass (calc_priority, then the adder loop that stops at the first refusal), move
-    admitted requests out of the waiting queue, and end with Feather's step hook.
+    batch (releasing their KV, SGLang's `release_kv_cache` event), run one prefill pass (calc_priority, then the
+    adder loop that stops at the first refusal), move admitted requests out of the waiting queue, and end with
+    Feather's step hook. `add`, `abort_waiting` and `retract` raise the events SGLang's scheduler raises.
     """
 
     def __init__(self, options: FeatherOptions = OPTIONS, clock: FakeClock | None = None) -> None:
@@ -48,7 +49,21 @@ class MiniScheduler:
     def tree(self):
         return self.policy.feather.tree
 
+    def view(self):
+        return scheduler_view(self.policy, self.waiting_queue, self.chunked_req)
+
+    def add(self, req) -> None:
+        self.waiting_queue.append(req)
+        on_queued(self.view(), req)
+
+    def abort_waiting(self, req) -> None:
+        self.waiting_queue.remove(req)
+        on_aborted(self.view(), req)
+
     def step(self, decode: bool = False) -> list:
+        for req in self.running.reqs:
+            if req.finished():
+                on_kv_released(req, self.cache)
         self.running.reqs = [r for r in self.running.reqs if not r.finished()]
         admitted = []
         if self.waiting_queue:
@@ -63,14 +78,14 @@ class MiniScheduler:
             self.waiting_queue = [r for r in self.waiting_queue if r not in admitted]
             self.running.reqs.extend(admitted)
         plan = decode_plan(self.running) if decode and not admitted else idle_plan(self.running)
-        on_step_end(scheduler_view(self.policy, self.waiting_queue, self.chunked_req), plan)
+        on_step_end(self.view(), plan)
         return admitted
 
     def retract(self, req, num_output: int = 0) -> None:
         req.output_ids.extend(range(900_000, 900_000 + num_output))
         self.running.reqs.remove(req)
         req.reset_for_retract()
-        self.waiting_queue.append(req)
+        self.add(req)
 
     def assert_mirrors(self) -> None:
         tree = self.tree
@@ -85,7 +100,8 @@ class MiniScheduler:
 def test_admitted_requests_become_active_and_finished_ones_leave():
     sched = MiniScheduler()
     reqs = [make_req(f"r{i}", group_prompt(i % 2, 32, 8, salt=i)) for i in range(4)]
-    sched.waiting_queue.extend(reqs)
+    for req in reqs:
+        sched.add(req)
     assert sched.step() == [reqs[0], reqs[2], reqs[1], reqs[3]]
     sched.assert_mirrors()
     assert sched.tree.num_active == 4
@@ -102,7 +118,8 @@ def test_admitted_requests_become_active_and_finished_ones_leave():
 def test_retraction_returns_a_request_to_waiting_with_its_output():
     sched = MiniScheduler()
     a, b = make_req("a", group_prompt(0, 32, 8, salt=1)), make_req("b", group_prompt(0, 32, 8, salt=2))
-    sched.waiting_queue.extend([a, b])
+    sched.add(a)
+    sched.add(b)
     sched.step()
     assert sched.tree.state("a") is RequestState.ACTIVE
     sched.retract(a, num_output=0)
@@ -111,7 +128,6 @@ def test_retraction_returns_a_request_to_waiting_with_its_output():
     sched.assert_mirrors()
     assert sched.tree.num_chunks("b") == 3  # 40 prompt tokens in chunks of 16
     sched.retract(b, num_output=40)
-    sched.policy.calc_priority(sched.waiting_queue, sched.running)
     assert sched.tree.state("b") is RequestState.WAITING
     assert sched.tree.num_chunks("b") == 5, "prompt + kept output (80 tokens) is what must be recomputed"
     sched.step()
@@ -124,33 +140,34 @@ def test_aborts_while_waiting_and_while_running_leave_no_entry():
         FeatherOptions(chunk_size=16, defer_uncached_prefix=False, stopper="static", stopper_options=STRICT)
     )
     reqs = [make_req(f"r{i}", group_prompt(0 if i < 2 else i, 32, 8, salt=i)) for i in range(6)]
-    sched.waiting_queue.extend(reqs)
+    for req in reqs:
+        sched.add(req)
     admitted = sched.step()
     waiting = [r for r in reqs if r not in admitted]
     assert admitted == reqs[:2], "the group pair shares a prefix; the static stopper refuses to dilute it"
     victim = waiting[0]
-    sched.waiting_queue.remove(victim)
+    sched.abort_waiting(victim)
+    assert victim.rid not in sched.tree
     sched.step(decode=True)
     sched.assert_mirrors()
-    assert victim.rid not in sched.tree
     running_victim = admitted[0]
     running_victim.finished_reason = FINISH_ABORT()
-    sched.policy.calc_priority(sched.waiting_queue, batch(r for r in sched.running.reqs if not r.finished()))
-    assert running_victim.rid not in sched.tree, "a finished (aborted) request leaves at the next pass"
     sched.step()
+    assert running_victim.rid not in sched.tree, "a finished (aborted) request leaves when its KV is released"
     sched.assert_mirrors()
+    assert sched.policy.feather.num_drift == 0
 
 
 def test_chunked_request_stays_active_between_passes():
     sched = MiniScheduler()
     long_req = make_req("long", group_prompt(0, 256, 32, salt=1))
-    sched.waiting_queue.append(long_req)
+    sched.add(long_req)
     sched.step()
     # SGLang keeps a chunked request out of both the running batch and the waiting queue between chunks.
     sched.running.reqs.remove(long_req)
     sched.chunked_req = long_req
     newcomer = make_req("new", group_prompt(0, 256, 8, salt=2))
-    sched.waiting_queue.append(newcomer)
+    sched.add(newcomer)
     sched.policy.calc_priority(sched.waiting_queue, sched.running)
     assert sched.tree.state("long") is RequestState.ACTIVE
     assert sched.tree.num_missing("new") == 1, "the in-flight chunked request's prefix still counts"
@@ -161,24 +178,28 @@ def test_chunked_request_stays_active_between_passes():
     sched.running.reqs.append(long_req)
     sched.step()
     sched.assert_mirrors()
-    # a request that vanished from everywhere without finishing is dropped at the end of the step
+    # a request that vanished from everywhere without an event is dropped by the periodic self-check
     sched.running.reqs.remove(long_req)
+    sched.step()
+    assert "long" in sched.tree
+    sched.policy.feather.clock.now += 10.0
     sched.step()
     assert "long" not in sched.tree
     sched.assert_mirrors()
+    assert sched.policy.feather.num_drift == 1
 
 
 def test_prompt_growth_reenqueues_and_keeps_arrival_time():
     clock = FakeClock()
     sched = MiniScheduler(FeatherOptions(chunk_size=16, defer_uncached_prefix=False, stopper="always"), clock)
     first = make_req("chat", group_prompt(0, 32, 8, salt=1))
-    sched.policy.calc_priority([first], sched.running)
+    sched.add(first)
+    sched.waiting_queue.remove(first)  # replaced below by its grown self, as a new turn does
     clock.now += 5.0
     admission = sched.policy.feather.admission
     assert admission.wait_s("chat") == 5.0
     grown = make_req("chat", list(first.origin_input_ids) + list(range(70_000, 70_040)))
-    sched.waiting_queue.append(grown)
-    sched.policy.calc_priority(sched.waiting_queue, sched.running)
+    sched.add(grown)
     assert sched.tree.num_chunks("chat") == 5
     assert admission.wait_s("chat") == 5.0
     assert sched.policy.feather.mirror.request("chat") is grown
@@ -187,7 +208,7 @@ def test_prompt_growth_reenqueues_and_keeps_arrival_time():
     # same rid, next turn, while the previous turn is still marked running (new Req object)
     turn3 = make_req("chat", list(grown.origin_input_ids) + [5] * 20)
     sched.running.reqs.remove(grown)
-    sched.waiting_queue.append(turn3)
+    sched.add(turn3)
     sched.step()
     sched.assert_mirrors()
     assert sched.policy.feather.mirror.request("chat") is turn3
@@ -201,7 +222,7 @@ def test_random_event_sequences_never_leak():
     next_id = 0
     for step in range(300):
         for _ in range(rng.randrange(0, 4)):
-            sched.waiting_queue.append(
+            sched.add(
                 make_req(
                     f"q{next_id}",
                     group_prompt(rng.randrange(4), rng.randrange(1, 40), rng.randrange(0, 20), next_id),
@@ -210,7 +231,7 @@ def test_random_event_sequences_never_leak():
             next_id += 1
         event = rng.random()
         if event < 0.15 and sched.waiting_queue:
-            sched.waiting_queue.pop(rng.randrange(len(sched.waiting_queue)))
+            sched.abort_waiting(rng.choice(sched.waiting_queue))
         elif event < 0.3 and sched.running.reqs:
             sched.retract(rng.choice(sched.running.reqs), num_output=rng.randrange(0, 12))
         elif event < 0.6 and sched.running.reqs:
@@ -225,10 +246,14 @@ def test_random_event_sequences_never_leak():
         sched.assert_mirrors()
     stats = sched.policy.feather.admission.stats
     assert stats.num_admitted > 100 and stats.num_stops > 5, stats
-    sched.waiting_queue.clear()
+    assert sched.policy.feather.num_drift == 0, "every change came through an event"
+    for req in list(sched.waiting_queue):
+        sched.abort_waiting(req)
+    if sched.chunked_req is not None:
+        sched.running.reqs.append(sched.chunked_req)
+        sched.chunked_req = None
     for req in sched.running.reqs:
         req.finished_reason = FINISH_LENGTH(length=4)
-    sched.chunked_req = None
     sched.step()
     assert len(sched.tree) == 0 and len(sched.policy.feather.mirror) == 0
     assert sched.tree.num_nodes == 0

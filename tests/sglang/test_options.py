@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from conftest import batch, decode_plan, feather_policy, group_prompt, make_cache, make_req, scheduler_view
+from sglang.srt.managers.schedule_batch import FINISH_LENGTH
 from sglang.srt.managers.schedule_policy import PrefillAdder
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
@@ -141,6 +142,11 @@ def test_scheduler_hooks_through_sglangs_hook_wrappers():
     running = batch([make_req("r", group_prompt(0, 32, 0, salt=2))])
     policy.calc_priority(waiting, running)
     gone = running.reqs.pop()
+    gone.finished_reason = FINISH_LENGTH(length=1)
+    release = _wrap_fn(
+        lambda req, tree_cache, *, checkpoint: None, plugin._after_release_kv_cache, HookType.AFTER
+    )
+    release(gone, cache, checkpoint=False)
     view.waiting_queue = waiting
     plugin._after_get_next_batch_to_run(decode_plan(running), view, running_batch=running, last_batch=None)
     assert gone.rid not in policy.feather.tree and "w" in policy.feather.tree

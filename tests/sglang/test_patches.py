@@ -147,7 +147,8 @@ def test_patched_sglang_orders_and_admits_like_the_plugin(probes):
     assert "chunk_size=32" in patched["options"]
     assert patched["order"] == plugin["order"]
     assert patched["admitted"] == plugin["admitted"]
-    assert patched["order"] != sorted(patched["order"]), "feather should reorder the arrival order"
+    groups = [rid.split("-")[1] for rid in patched["admitted"]]
+    assert sorted(set(groups)) == ["g0", "g1", "g2"] and len(groups) == 3, "one leader per cold group"
 
 
 def test_plugin_stays_inactive_on_a_patched_sglang(probes):
