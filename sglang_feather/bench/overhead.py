@@ -19,7 +19,7 @@ from sglang_feather.bench.cli_types import int_list, workload_list
 from sglang_feather.bench.sequence import SequencePlan
 from sglang_feather.bench.timing import GC_POLICY, TimingConfig, frozen_heap, median_run, timing_from_args
 from sglang_feather.bench.workloads import WORKLOADS, build_workload
-from sglang_feather.cht import DEFAULT_CHUNK_SIZE
+from sglang_feather.cht import DEFAULT_CHUNK_SIZE, backend_name
 
 BASELINES = {"sglang": "sglang_feather.sglang.bench_baseline"}
 """Engine side, imported lazily. A baseline module provides `prepare()`, `POLICIES`, `prefix_match_cap()`,
@@ -71,7 +71,10 @@ def run_cell(
     with frozen_heap():
         policies = {p: baseline.time_calc_priority(queue, p, cfg.timing) for p in baseline.POLICIES}
         pass_sizes = (cfg.plan.num_per_pass, budget_k)
-        cht = cht_side.measure_cell(workload, cfg.chunk_size, pass_sizes, cfg.timing)
+        cells = {
+            name: cht_side.measure_cell(workload, cfg.chunk_size, pass_sizes, cfg.timing, tree_cls)
+            for name, tree_cls in cht_side.cores().items()
+        }
     del queue
     plan = replace(cfg.plan, num_per_pass=budget_k) if cfg.budget_sequence else cfg.plan
     with frozen_heap():
@@ -79,19 +82,26 @@ def run_cell(
             p: median_run(lambda p=p: baseline.run_sequence(workload, p, plan), _total, cfg.timing)
             for p in baseline.POLICIES
         }
-        cht_sequence = median_run(
-            lambda: cht_side.run_sequence(workload, cfg.chunk_size, plan), _total, cfg.timing
-        )
+        cht_sequences = {
+            name: median_run(
+                lambda c=tree_cls: cht_side.run_sequence(workload, cfg.chunk_size, plan, c),
+                _total,
+                cfg.timing,
+            )
+            for name, tree_cls in cht_side.cores().items()
+        }
+    default = backend_name()
     return report.Cell(
         workload_name,
         num_waiting,
         prompt_len,
         budget_k,
         policies,
-        cht,
+        cells[default],
         sequences,
-        cht_sequence,
+        cht_sequences[default],
         plan.num_per_pass,
+        {name: (cells[name], cht_sequences[name]) for name in cells},
     )
 
 
@@ -133,6 +143,8 @@ def run(cfg: OverheadConfig, progress: TextIO | None = None) -> dict:
         "pass": PASS_DEFINITION,
         "lpm_fcfs_above": baseline.prefix_match_cap(),
         "prefill_token_budget": baseline.prefill_token_budget(),
+        "cht_backend": backend_name(),
+        "cht_cores": list(cht_side.cores()),
     }
     return {"meta": meta, "cells": [c.to_json(cfg.plan.num_per_pass) for c in cells]}
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sglang_feather.bench.cht_side import ChtCell, ChtSequence
@@ -27,6 +27,21 @@ class Cell:
     cht_sequence: tuple[ChtSequence, int]
     sequence_k: int
     """Requests each pass of the sequences admitted."""
+    cores: dict[str, tuple[ChtCell, tuple[ChtSequence, int]]] = field(default_factory=dict)
+    """Every CHT core measured (name -> cell and sequence); `cht`/`cht_sequence` are the default core's."""
+
+    def core_json(self, cht: ChtCell, cht_sequence: tuple[ChtSequence, int]) -> dict:
+        """One core's figures and its ratios against every SGLang policy."""
+        sequence, num_runs = cht_sequence
+        return {
+            "cht": cht_json(cht),
+            "pass_ratio": {n: t.samples.median_s / cht.pass_s.median_s for n, t in self.policies.items()},
+            "budget_pass_ratio": {
+                n: t.samples.median_s / cht.passes[self.budget_k].median_s for n, t in self.policies.items()
+            },
+            "sequence": {**asdict(sequence), "num_runs": num_runs},
+            "sequence_ratio": {n: s.total_s / sequence.total_s for n, (s, _) in self.sequences.items()},
+        }
 
     def to_json(self, num_per_pass: int) -> dict:
         cht_pass = self.cht.pass_s.median_s
@@ -56,6 +71,7 @@ class Cell:
                 "cht": {**asdict(cht_sequence), "num_runs": cht_runs},
                 "ratio": {name: s.total_s / cht_sequence.total_s for name, (s, _) in self.sequences.items()},
             },
+            "cores": {name: self.core_json(*measured) for name, measured in self.cores.items()},
         }
 
 
@@ -232,15 +248,93 @@ TARGETS = (
 )
 
 
+NATIVE_TARGETS = (
+    TargetSpec(
+        "insert of a 10K-token prompt (hash incl.)",
+        30e-6,
+        False,
+        lambda c: c["cht"]["insert_s"]["median_s"],
+        _is_long,
+    ),
+    TargetSpec("best()", 1e-6, False, lambda c: c["cht"]["best_s"]["median_s"], lambda c: True),
+    TargetSpec("activate amortised, W=2000", 5e-6, False, lambda c: _amortised(c, "activate"), _is_big),
+    TargetSpec("finish amortised, W=2000", 5e-6, False, lambda c: _amortised(c, "finish"), _is_big),
+    TargetSpec(
+        "whole run vs dfs-weight, shared W=2000 x 10K",
+        100,
+        True,
+        lambda c: c["sequence"]["ratio"]["dfs-weight"],
+        lambda c: _is_big(c) and _is_long(c) and c["workload"] == "shared",
+    ),
+)
+"""GitHub issue 12's goals for the compiled core; `TARGETS` are the original (Python core) goals."""
+
+CORE_TARGETS = {"python": TARGETS, "native": NATIVE_TARGETS}
+
+
+def core_view(cell: dict, core: str) -> dict:
+    """The cell as if `core` were the only CHT measured (the shape `TARGETS` read)."""
+    data = cell["cores"][core]
+    sequence = {**cell["sequence"], "cht": data["sequence"], "ratio": data["sequence_ratio"]}
+    return {
+        **cell,
+        "cht": data["cht"],
+        "pass_ratio": data["pass_ratio"],
+        "budget_pass_ratio": data["budget_pass_ratio"],
+        "sequence": sequence,
+    }
+
+
+def cores_table(result: dict) -> list[str]:
+    """Every core side by side on every cell (ratios are SGLang dfs-weight / that core, one run)."""
+    lines = _header(
+        [
+            "workload",
+            "W",
+            "prompt",
+            "core",
+            "insert µs",
+            "best µs",
+            "activate µs/op (run)",
+            "finish µs/op (run)",
+            "pass: dfs-weight / CHT",
+            "budget pass: dfs-weight / CHT",
+            "whole run ms",
+            "whole run: dfs-weight / CHT",
+        ],
+        num_left=4,
+    )
+    for c in result["cells"]:
+        for core in c.get("cores", {}):
+            view = core_view(c, core)
+            cht, seq = view["cht"], view["sequence"]["cht"]
+            lines.append(
+                _row(
+                    [c["workload"], str(c["num_waiting"]), str(c["prompt_len"]), core]
+                    + [_us(cht["insert_s"]["median_s"]), _us(cht["best_s"]["median_s"])]
+                    + [_us(_amortised(view, "activate")), _us(_amortised(view, "finish"))]
+                    + [
+                        _ratio(view["pass_ratio"]["dfs-weight"]),
+                        _ratio(view["budget_pass_ratio"]["dfs-weight"]),
+                    ]
+                    + [_ms(seq["total_s"]), _ratio(view["sequence"]["ratio"]["dfs-weight"])]
+                )
+            )
+    return lines
+
+
 def _show(spec: TargetSpec, value: float) -> str:
     return _ratio(value) if spec.is_ratio else f"{_us(value)} µs"
 
 
-def target_table(result: dict) -> list[str]:
-    """Each target against the worst cell it applies to (figures, not pass/fail tests)."""
+def target_table(result: dict, core: str | None = None) -> list[str]:
+    """Each target against the worst cell it applies to (figures, not pass/fail tests); `core` picks the
+    core and its goals (default: the default core's figures against `TARGETS`)."""
     lines = _header(["target", "goal", "worst cell", "measured", "met"], num_left=3)
-    for spec in TARGETS:
-        cells = [c for c in result["cells"] if spec.applies(c)]
+    specs = TARGETS if core is None else CORE_TARGETS[core]
+    all_cells = result["cells"] if core is None else [core_view(c, core) for c in result["cells"]]
+    for spec in specs:
+        cells = [c for c in all_cells if spec.applies(c)]
         goal = ("≥ " if spec.is_ratio else "≤ ") + _show(spec, spec.goal)
         if not cells:
             lines.append(_row([spec.name, goal, "no such cell in this run", "", "n/a"]))
@@ -268,8 +362,12 @@ def overhead_markdown(result: dict) -> str:
     ]
     plan = meta["config"]["plan"]
     until = f"drained or {plan['max_passes']} passes" if plan["max_passes"] else "drained"
+    targets: list[str] = []
+    for core in meta.get("cht_cores", []):
+        targets += ["", f"### Targets, {core} core (figures, not tests)", ""] + target_table(result, core)
     return "\n".join(
         head
+        + [f"CHT tables below: the default core ({meta.get('cht_backend', 'python')}).", ""]
         + ["### Per pass (median)", ""]
         + pass_table(result)
         + ["", "### CHT per operation (median of per-sample means)", ""]
@@ -281,6 +379,12 @@ def overhead_markdown(result: dict) -> str:
             "",
         ]
         + sequence_table(result)
-        + ["", "### Targets (figures, not tests)", ""]
-        + target_table(result)
+        + [
+            "",
+            f"### Cores side by side (default core: {meta.get('cht_backend', 'python')}; one run, "
+            "same process, same queues)",
+            "",
+        ]
+        + cores_table(result)
+        + targets
     )

@@ -1,16 +1,18 @@
 """The Chunked Hash Tree: prefix-sharing bookkeeping for waiting and running requests."""
 
+from sglang_feather.cht.backend import ChunkedHashTree, backend_name
 from sglang_feather.cht.errors import (
     CHTError,
     DuplicateRequest,
     EmptyPrompt,
     HashChainError,
+    InvalidArrival,
     InvalidTokens,
     InvalidTransition,
     UnknownRequest,
 )
 from sglang_feather.cht.hashing import DEFAULT_CHUNK_SIZE, chunk_hashes, namespace_seed
-from sglang_feather.cht.tree import Candidate, ChunkedHashTree, RequestState
+from sglang_feather.cht.tree import Candidate, PythonTree, RequestState
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -20,10 +22,13 @@ __all__ = [
     "DuplicateRequest",
     "EmptyPrompt",
     "HashChainError",
+    "InvalidArrival",
     "InvalidTokens",
     "InvalidTransition",
+    "PythonTree",
     "RequestState",
     "UnknownRequest",
+    "backend_name",
     "chunk_hashes",
     "namespace_seed",
 ]

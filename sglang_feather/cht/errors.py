@@ -29,4 +29,8 @@ class InvalidTokens(CHTError, ValueError):
 
 
 class HashChainError(CHTError, ValueError):
-    """Precomputed hashes that contradict the tree (not cumulative, or a 64-bit collision)."""
+    """Precomputed hashes that are not one chain (not cumulative, a 64-bit collision) or not in [0, 2**64)."""
+
+
+class InvalidArrival(CHTError, ValueError):
+    """An arrival time that cannot be ordered (NaN)."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from sglang_feather.cht.hashing import chunk_hashes
 from sglang_feather.cht.nodes import RequestState
 from sglang_feather.cht.reference import ReferenceTree
-from sglang_feather.cht.tree import ChunkedHashTree
+from sglang_feather.cht.tree import PythonTree
 
 
 @dataclass(frozen=True)
@@ -20,14 +20,20 @@ class StressResult:
     seconds: float
 
 
-def run_stress(num_ops: int, seed: int = 0, check_every: int = 1000, max_requests: int = 300) -> StressResult:
+def run_stress(
+    num_ops: int,
+    seed: int = 0,
+    check_every: int = 1000,
+    max_requests: int = 300,
+    tree_cls: type = PythonTree,
+) -> StressResult:
     """Random insert/activate/best/deactivate/finish/remove/suspend/resume over shared-prefix groups; the
     tree's best(), oldest(), prefix_order(), shared depth and counts are compared with the brute-force
     reference and all invariants are checked every `check_every` operations (and at the end). Raises
     AssertionError on the first disagreement."""
     rng = random.Random(seed)
     chunk = 4
-    tree, ref = ChunkedHashTree(chunk_size=chunk), ReferenceTree()
+    tree, ref = tree_cls(chunk_size=chunk), ReferenceTree()
     groups = [[rng.randrange(50) for _ in range(rng.randrange(4, 40))] for _ in range(6)]
     waiting: list[int] = []
     active: list[int] = []
@@ -96,7 +102,7 @@ def run_stress(num_ops: int, seed: int = 0, check_every: int = 1000, max_request
     return StressResult(num_ops, num_checks + 1, time.perf_counter() - start)
 
 
-def _compare(tree: ChunkedHashTree, ref: ReferenceTree) -> None:
+def _compare(tree: PythonTree, ref: ReferenceTree) -> None:
     tree.check_invariants()
     assert tree.best() == ref.best(), (tree.best(), ref.best())
     assert tree.oldest() == ref.oldest()
@@ -112,12 +118,26 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=1_000_000, help="number of random operations")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--check-every", type=int, default=1000, help="compare with the reference this often")
-    args = parser.parse_args()
-    result = run_stress(args.ops, args.seed, args.check_every)
-    print(
-        f"stress ok: {result.num_ops:,} ops, {result.num_checks:,} reference comparisons + invariant checks, "
-        f"seed {args.seed}, {result.seconds:.1f} s"
+    parser.add_argument(
+        "--core",
+        choices=("both", "python", "native"),
+        default="both",
+        help="which core(s) to run (default both)",
     )
+    args = parser.parse_args()
+    cores = {"python": PythonTree}
+    if args.core != "python":
+        from sglang_feather.cht.native import NativeTree  # fails loudly when the compiled core is not built
+
+        cores["native"] = NativeTree
+    for name, tree_cls in cores.items():
+        if args.core not in ("both", name):
+            continue
+        result = run_stress(args.ops, args.seed, args.check_every, tree_cls=tree_cls)
+        print(
+            f"stress ok ({name} core): {result.num_ops:,} ops, {result.num_checks:,} reference comparisons + "
+            f"invariant checks, seed {args.seed}, {result.seconds:.1f} s"
+        )
 
 
 if __name__ == "__main__":

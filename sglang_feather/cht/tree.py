@@ -14,6 +14,7 @@ from sglang_feather.cht.errors import (
     DuplicateRequest,
     EmptyPrompt,
     HashChainError,
+    InvalidArrival,
     InvalidTransition,
     UnknownRequest,
 )
@@ -82,8 +83,16 @@ _WAITING = RequestState.WAITING
 _ACTIVE = RequestState.ACTIVE
 
 
-class ChunkedHashTree:
-    """Waiting and running requests as chunk-hash paths; see the module's "how it works" paragraph.
+def checked_hashes(hashes: Sequence[ChunkHash]) -> array:
+    """Chunk hashes as unsigned 64-bit integers; `HashChainError` for anything else."""
+    try:
+        return array("Q", hashes)
+    except (TypeError, OverflowError, ValueError) as err:
+        raise HashChainError(f"chunk hashes must be integers in [0, 2**64): {err}") from None
+
+
+class PythonTree:
+    """The pure-Python core (and the reference the compiled one is held to); see "how it works" above.
 
     Complexity (n = chunks of the request, W = waiting requests, d = nodes that change working-set
     membership): insert O(n + log W); activate/deactivate/finish O(n + d log W); remove O(n);
@@ -271,8 +280,11 @@ class ChunkedHashTree:
         """Add a waiting request from precomputed cumulative hashes (e.g. vLLM's block hashes)."""
         if request_id in self._requests:
             raise DuplicateRequest(f"request {request_id!r} is already in the tree")
+        hashes = checked_hashes(hashes)
         if not hashes:
             raise EmptyPrompt(f"request {request_id!r} has no chunks")
+        if arrival is not None and arrival != arrival:
+            raise InvalidArrival(f"request {request_id!r} has arrival NaN")
         path, num_existing = self._build_path(hashes)
         seq = next(self._seq)
         req = TrackedRequest(request_id, path, float(seq) if arrival is None else float(arrival), seq)

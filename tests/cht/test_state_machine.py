@@ -3,9 +3,16 @@
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
-from sglang_feather.cht import ChunkedHashTree, InvalidTransition, RequestState, chunk_hashes
+from sglang_feather.cht import InvalidTransition, PythonTree, RequestState, chunk_hashes
 from sglang_feather.cht.reference import ReferenceTree
 
 CHUNK = 2
@@ -16,9 +23,11 @@ prompts = st.lists(st.integers(0, 2), min_size=1, max_size=12).map(
 
 
 class TreeVsReference(RuleBasedStateMachine):
+    tree_cls = PythonTree
+
     @initialize()
     def start(self):
-        self.tree = ChunkedHashTree(chunk_size=CHUNK)
+        self.tree = self.tree_cls(chunk_size=CHUNK)
         self.ref = ReferenceTree()
         self.next_id = 0
 
@@ -136,7 +145,11 @@ class TreeVsReference(RuleBasedStateMachine):
         assert self.tree.oldest() == self.ref.oldest()
 
 
-TreeVsReference.TestCase.settings = settings(
+SETTINGS = settings(
     max_examples=300, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
-test_tree_matches_reference = TreeVsReference.TestCase
+
+
+def test_tree_matches_reference(tree_cls):
+    machine = type(f"{tree_cls.__name__}VsReference", (TreeVsReference,), {"tree_cls": tree_cls})
+    run_state_machine_as_test(machine, settings=SETTINGS)

@@ -7,7 +7,6 @@ import pytest
 
 from sglang_feather.cht import (
     Candidate,
-    ChunkedHashTree,
     DuplicateRequest,
     EmptyPrompt,
     HashChainError,
@@ -78,8 +77,8 @@ class TestHashing:
 
 
 class TestScenarios:
-    def test_group_member_beats_stranger_and_fcfs_breaks_ties(self):
-        tree = ChunkedHashTree(chunk_size=4)
+    def test_group_member_beats_stranger_and_fcfs_breaks_ties(self, tree_cls):
+        tree = tree_cls(chunk_size=4)
         system = list(range(100, 116))
         tree.insert("a0", system + [1, 2, 3, 4])
         tree.insert("x", list(range(500, 520)))
@@ -98,8 +97,8 @@ class TestScenarios:
         assert tree.best() == Candidate("a3", 5, 3, 4, 2, 0)
         assert tree.best().delta == 2
 
-    def test_retraction_keeps_arrival_order(self):
-        tree = ChunkedHashTree(chunk_size=2)
+    def test_retraction_keeps_arrival_order(self, tree_cls):
+        tree = tree_cls(chunk_size=2)
         tree.insert("old", [1, 2, 3])
         tree.insert("new", [1, 2, 3])
         tree.activate("old")
@@ -108,8 +107,8 @@ class TestScenarios:
         assert tree.best().request_id == "old"
         assert tree.oldest() == "old"
 
-    def test_deep_paths_do_not_recurse(self):
-        tree = ChunkedHashTree(chunk_size=1)
+    def test_deep_paths_do_not_recurse(self, tree_cls):
+        tree = tree_cls(chunk_size=1)
         long = list(range(20_000))
         tree.insert("a", long)
         tree.insert("b", long[:-1] + [7])
@@ -120,8 +119,8 @@ class TestScenarios:
         tree.check_invariants()
         assert tree.best().request_id == "c"
 
-    def test_million_token_prompt(self):
-        tree = ChunkedHashTree(chunk_size=256)
+    def test_million_token_prompt(self, tree_cls):
+        tree = tree_cls(chunk_size=256)
         assert tree.insert("huge", np.arange(1_000_000)) == 3907
         tree.insert("small", [1])
         tree.activate("huge")
@@ -130,15 +129,15 @@ class TestScenarios:
         tree.check_invariants()
         assert tree.num_nodes == 1
 
-    def test_prompt_shorter_than_a_chunk_is_one_partial_chunk(self):
-        tree = ChunkedHashTree(chunk_size=64)
+    def test_prompt_shorter_than_a_chunk_is_one_partial_chunk(self, tree_cls):
+        tree = tree_cls(chunk_size=64)
         assert tree.insert("tiny", [3, 1, 4]) == 1
         tree.insert("twin", [3, 1, 4])
         tree.activate("tiny")
         assert tree.best() == Candidate("twin", 1, 0, 1, 1, 0)
 
-    def test_nodes_are_released(self):
-        tree = ChunkedHashTree(chunk_size=2)
+    def test_nodes_are_released(self, tree_cls):
+        tree = tree_cls(chunk_size=2)
         for i in range(50):
             tree.insert(i, [i % 3] * 10 + [i])
         for i in range(0, 50, 2):
@@ -151,8 +150,8 @@ class TestScenarios:
 
 class TestBadInput:
     @pytest.fixture
-    def tree(self):
-        tree = ChunkedHashTree(chunk_size=2)
+    def tree(self, tree_cls):
+        tree = tree_cls(chunk_size=2)
         tree.insert("w", [1, 2, 3])
         tree.insert("a", [1, 2, 4])
         tree.activate("a")
@@ -196,6 +195,6 @@ class TestBadInput:
     def test_discard_unknown_is_false(self, tree):
         assert tree.discard("nope") is False
 
-    def test_bad_chunk_size(self):
+    def test_bad_chunk_size(self, tree_cls):
         with pytest.raises(ValueError):
-            ChunkedHashTree(chunk_size=0)
+            tree_cls(chunk_size=0)

@@ -237,7 +237,9 @@ def test_prometheus_counters():
         state: registry.get_sample_value("sglang:feather_tracked_requests", {**labels, "state": state})
         for state in ("waiting", "active")
     }
-    assert tracked == {"waiting": 6, "active": 3}, "other-group joined without an event: seen at the self-check"
+    assert tracked == {"waiting": 6, "active": 3}, (
+        "other-group joined without an event: seen at the self-check"
+    )
 
 
 @pytest.mark.parametrize("bad", [{"chunk_size": 0}, {"stopper": "nope"}])

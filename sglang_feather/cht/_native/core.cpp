@@ -1,0 +1,1404 @@
+// The Chunked Hash Tree's compiled core: the same algorithm as sglang_feather/cht/tree.py, on a slab.
+//
+// How it works. Nodes live in a slab (u32 ids, slot 0 is the root) with a generation counter per slot, so a
+// lazy heap entry that names a released slot is recognised as stale, exactly like an entry that names a dead
+// Python object. Chunk hashes map to node ids through an open-addressing table (linear probing, backward-shift
+// deletion, keys mixed so that small or sequential hashes spread). Requests live in a second slab; the Python
+// wrapper keeps the mapping from any hashable request id to the u32 handle. The ranking, the lazy lower-bound
+// heaps, the stranger heap, suspension, compaction thresholds and the invariant checker mirror tree.py line by
+// line (same names), so the two cores give identical results; tests run both against the reference model.
+// Prompts are hashed here (xxh64 over 4-byte little-endian token ids, one digest per chunk boundary, the same
+// digests as the xxhash package) straight from the caller's buffer.
+
+#include <Python.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+constexpr uint32_t NIL = 0xFFFFFFFFu;
+constexpr uint32_t ROOT = 0;
+constexpr size_t COMPACT_MIN = 64;
+
+enum Status : int64_t {
+    OK = 0,
+    EMPTY = -1,
+    INVALID_TOKENS = -2,
+    HASH_CHAIN = -3,
+    BAD_HASH = -4,
+    BAD_STATE = -5,
+    ALREADY_SUSPENDED = -6,
+    NOT_SUSPENDED = -7,
+    BAD_ARRIVAL = -8,
+};
+
+enum State : uint8_t { FREE = 0, WAITING = 1, ACTIVE = 2 };
+
+// ------------------------------------------------------------------------------------------- xxh64
+
+constexpr uint64_t P1 = 11400714785074694791ULL;
+constexpr uint64_t P2 = 14029467366897019727ULL;
+constexpr uint64_t P3 = 1609587929392839161ULL;
+constexpr uint64_t P4 = 9650029242287828579ULL;
+constexpr uint64_t P5 = 2870177450012600261ULL;
+
+inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+inline uint64_t read64(const unsigned char* p) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    return v;
+}
+inline uint32_t read32(const unsigned char* p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+inline uint64_t round64(uint64_t acc, uint64_t lane) {
+    acc += lane * P2;
+    acc = rotl(acc, 31);
+    return acc * P1;
+}
+inline uint64_t merge64(uint64_t acc, uint64_t v) {
+    acc ^= round64(0, v);
+    return acc * P1 + P4;
+}
+
+// Digests of every prefix [0, b) for b = step, 2 step, ..., len (the last one may be partial), in one pass.
+void cumulative_xxh64(const unsigned char* data, size_t len, size_t step, uint64_t seed, std::vector<uint64_t>& out) {
+    out.clear();
+    uint64_t v1 = seed + P1 + P2, v2 = seed + P2, v3 = seed, v4 = seed - P1;
+    size_t done = 0;
+    for (size_t end = std::min(step, len);; end = std::min(end + step, len)) {
+        while (done + 32 <= end) {
+            const unsigned char* p = data + done;
+            v1 = round64(v1, read64(p));
+            v2 = round64(v2, read64(p + 8));
+            v3 = round64(v3, read64(p + 16));
+            v4 = round64(v4, read64(p + 24));
+            done += 32;
+        }
+        uint64_t h;
+        if (end >= 32) {
+            h = rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18);
+            h = merge64(h, v1);
+            h = merge64(h, v2);
+            h = merge64(h, v3);
+            h = merge64(h, v4);
+        } else {
+            h = seed + P5;
+        }
+        h += static_cast<uint64_t>(end);
+        const unsigned char* p = data + done;
+        const unsigned char* stop = data + end;
+        while (p + 8 <= stop) {
+            h ^= round64(0, read64(p));
+            h = rotl(h, 27) * P1 + P4;
+            p += 8;
+        }
+        if (p + 4 <= stop) {
+            h ^= static_cast<uint64_t>(read32(p)) * P1;
+            h = rotl(h, 23) * P2 + P3;
+            p += 4;
+        }
+        while (p < stop) {
+            h ^= (*p) * P5;
+            h = rotl(h, 11) * P1;
+            ++p;
+        }
+        h ^= h >> 33;
+        h *= P2;
+        h ^= h >> 29;
+        h *= P3;
+        h ^= h >> 32;
+        out.push_back(h);
+        if (end == len) break;
+    }
+}
+
+// Token ids from any 1-D integer buffer, as 4-byte little-endian words; false if one lies outside [0, 2**32).
+template <typename T>
+bool pack_tokens(const char* base, Py_ssize_t n, Py_ssize_t stride, std::vector<uint32_t>& out) {
+    out.resize(static_cast<size_t>(n));
+    bool ok = true;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        T v;
+        std::memcpy(&v, base + i * stride, sizeof(T));
+        if constexpr (std::is_signed_v<T>) ok &= v >= 0;
+        if constexpr (sizeof(T) > 4) ok &= static_cast<uint64_t>(v) < (uint64_t(1) << 32);
+        uint32_t w = static_cast<uint32_t>(v);
+        unsigned char b[4] = {static_cast<unsigned char>(w), static_cast<unsigned char>(w >> 8),
+                              static_cast<unsigned char>(w >> 16), static_cast<unsigned char>(w >> 24)};
+        std::memcpy(&out[static_cast<size_t>(i)], b, 4);
+    }
+    return ok;
+}
+
+// Status of reading a buffer of token ids into `out`.
+int64_t read_tokens(PyObject* obj, std::vector<uint32_t>& out) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_STRIDES) != 0) {
+        PyErr_Clear();
+        return INVALID_TOKENS;
+    }
+    int64_t status = OK;
+    const char* fmt = view.format ? view.format : "B";
+    while (*fmt == '@' || *fmt == '=' || *fmt == '<' || *fmt == '!' || *fmt == '>') ++fmt;
+    char code = fmt[0];
+    bool bad_shape = view.ndim != 1 || fmt[1] != '\0';
+    if (bad_shape) {
+        status = INVALID_TOKENS;
+    } else {
+        const char* base = static_cast<const char*>(view.buf);
+        Py_ssize_t n = view.shape[0], stride = view.strides[0];
+        bool ok;
+        bool is_signed = code == 'b' || code == 'h' || code == 'i' || code == 'l' || code == 'q' || code == 'n';
+        bool is_unsigned = code == 'B' || code == 'H' || code == 'I' || code == 'L' || code == 'Q' || code == 'N';
+        if (!is_signed && !is_unsigned) {
+            ok = false;
+        } else if (view.itemsize == 8) {
+            ok = is_signed ? pack_tokens<int64_t>(base, n, stride, out) : pack_tokens<uint64_t>(base, n, stride, out);
+        } else if (view.itemsize == 4) {
+            ok = is_signed ? pack_tokens<int32_t>(base, n, stride, out) : pack_tokens<uint32_t>(base, n, stride, out);
+        } else if (view.itemsize == 2) {
+            ok = is_signed ? pack_tokens<int16_t>(base, n, stride, out) : pack_tokens<uint16_t>(base, n, stride, out);
+        } else if (view.itemsize == 1) {
+            ok = is_signed ? pack_tokens<int8_t>(base, n, stride, out) : pack_tokens<uint8_t>(base, n, stride, out);
+        } else {
+            ok = false;
+        }
+        if (!ok) status = INVALID_TOKENS;
+        else if (n == 0) status = EMPTY;
+    }
+    PyBuffer_Release(&view);
+    return status;
+}
+
+// Status of reading chunk hashes (any sequence of integers in [0, 2**64), like array('Q', ...)) into `out`.
+int64_t read_hashes(PyObject* obj, std::vector<uint64_t>& out) {
+    PyObject* seq = PySequence_Fast(obj, "hashes must be a sequence");
+    if (seq == nullptr) {
+        PyErr_Clear();
+        return BAD_HASH;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject** items = PySequence_Fast_ITEMS(seq);
+    out.resize(static_cast<size_t>(n));
+    int64_t status = n == 0 ? EMPTY : OK;
+    for (Py_ssize_t i = 0; i < n && status == OK; ++i) {
+        PyObject* item = items[i];
+        unsigned long long v;
+        if (PyLong_CheckExact(item)) {
+            v = PyLong_AsUnsignedLongLong(item);
+        } else {
+            PyObject* index = PyNumber_Index(item);
+            if (index == nullptr) {
+                PyErr_Clear();
+                status = BAD_HASH;
+                break;
+            }
+            v = PyLong_AsUnsignedLongLong(index);
+            Py_DECREF(index);
+        }
+        if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+            PyErr_Clear();
+            status = BAD_HASH;
+            break;
+        }
+        out[static_cast<size_t>(i)] = v;
+    }
+    Py_DECREF(seq);
+    return status;
+}
+
+// ------------------------------------------------------------------------------------------- keys
+
+struct Key {  // (num_chunks, arrival, seq), or (num_missing, arrival, seq) in the global heap
+    int64_t n;
+    double a;
+    uint64_t s;
+    bool operator<(const Key& o) const {
+        if (n != o.n) return n < o.n;
+        if (a != o.a) return a < o.a;
+        return s < o.s;
+    }
+    bool operator==(const Key& o) const { return n == o.n && a == o.a && s == o.s; }
+    bool operator!=(const Key& o) const { return !(*this == o); }
+    bool operator<=(const Key& o) const { return !(o < *this); }
+};
+
+struct AKey {  // (arrival, seq)
+    double a;
+    uint64_t s;
+    bool operator<(const AKey& o) const { return a != o.a ? a < o.a : s < o.s; }
+    bool operator==(const AKey& o) const { return a == o.a && s == o.s; }
+    bool operator!=(const AKey& o) const { return !(*this == o); }
+    bool operator<=(const AKey& o) const { return !(o < *this); }
+};
+
+struct CEntry {  // node candidate: a waiting request ending here, or a child keyed by its cached best
+    Key k;
+    uint64_t push;
+    uint32_t item;
+    uint32_t gen;
+    bool is_req;
+};
+struct GEntry {  // global (tier 1) and stranger (tier 2) heaps: one live entry per node
+    Key k;
+    uint64_t push;
+    uint32_t node;
+    uint32_t gen;
+};
+struct AEntry {  // arrival heaps: (arrival, seq) of a waiting request
+    AKey k;
+    uint32_t req;
+    uint32_t gen;
+};
+
+// Min-heaps through std::*_heap (which builds max-heaps): "a after b".
+struct CAfter {
+    bool operator()(const CEntry& x, const CEntry& y) const {
+        return y.k < x.k || (y.k == x.k && y.push < x.push);
+    }
+};
+struct GAfter {
+    bool operator()(const GEntry& x, const GEntry& y) const {
+        return y.k < x.k || (y.k == x.k && y.push < x.push);
+    }
+};
+struct AAfter {
+    bool operator()(const AEntry& x, const AEntry& y) const { return y.k < x.k; }
+};
+
+template <typename E, typename After>
+void heap_push(std::vector<E>& h, const E& e) {
+    h.push_back(e);
+    std::push_heap(h.begin(), h.end(), After());
+}
+template <typename E, typename After>
+void heap_pop(std::vector<E>& h) {
+    std::pop_heap(h.begin(), h.end(), After());
+    h.pop_back();
+}
+
+// ------------------------------------------------------------------------------------------- hash map
+
+class HashIndex {
+  public:
+    HashIndex() { slots_.assign(64, Slot{0, NIL}); }
+
+    uint32_t find(uint64_t key) const {
+        size_t mask = slots_.size() - 1;
+        for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
+            const Slot& s = slots_[i];
+            if (s.val == NIL) return NIL;
+            if (s.key == key) return s.val;
+        }
+    }
+
+    bool insert(uint64_t key, uint32_t val) {  // false if present
+        if ((size_ + 1) * 4 > slots_.size() * 3) grow();
+        size_t mask = slots_.size() - 1;
+        for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
+            Slot& s = slots_[i];
+            if (s.val == NIL) {
+                s = Slot{key, val};
+                ++size_;
+                return true;
+            }
+            if (s.key == key) return false;
+        }
+    }
+
+    void erase(uint64_t key) {
+        size_t mask = slots_.size() - 1;
+        size_t i = mix(key) & mask;
+        while (slots_[i].key != key || slots_[i].val == NIL) {
+            if (slots_[i].val == NIL) return;
+            i = (i + 1) & mask;
+        }
+        for (size_t j = (i + 1) & mask; slots_[j].val != NIL; j = (j + 1) & mask) {
+            size_t home = mix(slots_[j].key) & mask;
+            // Move j into the hole at i unless its home lies cyclically in (i, j].
+            bool stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
+            if (!stays) {
+                slots_[i] = slots_[j];
+                i = j;
+            }
+        }
+        slots_[i].val = NIL;
+        --size_;
+    }
+
+    size_t size() const { return size_; }
+
+  private:
+    struct Slot {
+        uint64_t key;
+        uint32_t val;
+    };
+    static uint64_t mix(uint64_t x) {
+        x ^= x >> 33;
+        x *= 0xff51afd7ed558ccdULL;
+        x ^= x >> 33;
+        x *= 0xc4ceb9fe1a85ec53ULL;
+        x ^= x >> 33;
+        return x;
+    }
+    void grow() {
+        std::vector<Slot> old;
+        old.swap(slots_);
+        slots_.assign(old.size() * 2, Slot{0, NIL});
+        size_ = 0;
+        for (const Slot& s : old)
+            if (s.val != NIL) insert(s.key, s.val);
+    }
+    std::vector<Slot> slots_;
+    size_t size_ = 0;
+};
+
+// ------------------------------------------------------------------------------------------- the tree
+
+struct Node {
+    uint64_t hash = 0;
+    uint32_t parent = NIL;
+    uint32_t depth = 0;
+    uint64_t serial = 0;
+    uint32_t num_active = 0;
+    uint32_t num_waiting = 0;
+    uint32_t gen = 0;
+    bool alive = false;
+    bool has_best = false;
+    bool has_global = false;
+    bool has_stranger = false;
+    Key best{};
+    uint32_t best_req = NIL;
+    uint32_t best_gen = 0;
+    Key global_key{};
+    Key stranger_key{};  // (0, arrival, seq)
+    std::vector<CEntry> candidates;
+    std::vector<AEntry> arrivals;  // first-level nodes only
+};
+
+struct Req {
+    std::vector<uint32_t> path;
+    double arrival = 0;
+    uint64_t seq = 0;
+    uint32_t gen = 0;
+    State state = FREE;
+    bool suspended = false;
+    uint32_t prev = NIL, next = NIL;          // all live requests, insertion order
+    uint32_t prev_act = NIL, next_act = NIL;  // running requests, activation order
+    uint32_t suspended_at = NIL;
+    Key key() const { return Key{static_cast<int64_t>(path.size()), arrival, seq}; }
+};
+
+struct List {
+    uint32_t head = NIL, tail = NIL;
+};
+
+class Core {
+  public:
+    explicit Core(int64_t chunk_size) : chunk_size_(chunk_size) {
+        nodes_.emplace_back();
+        nodes_[ROOT].alive = true;
+    }
+
+    // ------------------------------------------------------------------ queries
+
+    size_t num_requests() const { return num_requests_; }
+    size_t num_active() const { return num_active_; }
+    size_t num_suspended() const { return suspended_.size(); }
+    size_t num_nodes() const { return num_nodes_; }
+    size_t num_index_entries() const {
+        size_t total = global_.size() + strangers_.size() + by_arrival_.size();
+        for (const Node& n : nodes_)
+            if (n.alive) total += n.candidates.size() + n.arrivals.size();
+        return total;
+    }
+    int64_t shared_depth() const { return shared_ == NIL ? 0 : nodes_[shared_].depth; }
+    int state(uint32_t h) const { return reqs_[h].state; }
+    bool is_suspended(uint32_t h) const { return reqs_[h].suspended; }
+    int64_t num_chunks(uint32_t h) const { return static_cast<int64_t>(reqs_[h].path.size()); }
+
+    std::vector<uint64_t> path_hashes(uint32_t h) const {
+        std::vector<uint64_t> out;
+        for (uint32_t id : reqs_[h].path) out.push_back(nodes_[id].hash);
+        return out;
+    }
+
+    int64_t num_missing(uint32_t h) const {
+        const auto& path = reqs_[h].path;
+        return static_cast<int64_t>(path.size()) - last_depth(path, path.size(), 1);
+    }
+
+    int64_t num_holding(uint32_t h, int64_t depth) const {
+        return depth > 0 ? nodes_[reqs_[h].path[static_cast<size_t>(depth - 1)]].num_active
+                         : static_cast<int64_t>(num_active_);
+    }
+
+    bool shares_prefix(uint32_t a, uint32_t b, int64_t depth) const {
+        const auto &p = reqs_[a].path, &q = reqs_[b].path;
+        if (depth == 0) return true;
+        size_t d = static_cast<size_t>(depth);
+        return p.size() >= d && q.size() >= d && p[d - 1] == q[d - 1];
+    }
+
+    std::vector<uint32_t> waiting() const {
+        std::vector<uint32_t> out;
+        for (uint32_t h = all_.head; h != NIL; h = reqs_[h].next)
+            if (reqs_[h].state == WAITING) out.push_back(h);
+        return out;
+    }
+
+    std::vector<uint32_t> active() const {
+        std::vector<uint32_t> out;
+        for (uint32_t h = running_.head; h != NIL; h = reqs_[h].next_act) out.push_back(h);
+        return out;
+    }
+
+    std::vector<uint32_t> suspended() const { return suspended_; }
+
+    // best(): the handle and its description, or an empty tuple.
+    nb::object best() {
+        uint32_t h = pop_sharing();
+        if (h == NIL) h = pop_stranger();
+        if (h == NIL) return nb::none();
+        return describe(h);
+    }
+
+    nb::tuple describe(uint32_t h) const {
+        const auto& path = reqs_[h].path;
+        int64_t len = static_cast<int64_t>(path.size());
+        int64_t before, after, missing;
+        if (num_active_ == 0) {
+            before = after = missing = len;
+        } else {
+            int64_t shared = shared_depth();
+            after = last_depth(path, static_cast<size_t>(std::min(len, shared)), num_active_);
+            before = num_active_ > 1 ? shared : after;
+            missing = len - last_depth(path, path.size(), 1);
+        }
+        int64_t sharing = after ? static_cast<int64_t>(nodes_[path[static_cast<size_t>(after - 1)]].num_waiting) - 1 : 0;
+        return nb::make_tuple(h, len, missing, before, after, sharing);
+    }
+
+    int64_t oldest() {
+        while (!by_arrival_.empty()) {
+            const AEntry& e = by_arrival_.front();
+            if (live_waiting(e.req, e.gen)) return e.req;
+            heap_pop<AEntry, AAfter>(by_arrival_);
+        }
+        return -1;
+    }
+
+    std::vector<uint32_t> prefix_order(const std::vector<uint32_t>& handles) const {
+        std::vector<uint32_t> order;
+        order.reserve(handles.size());
+        if (handles.empty()) return order;
+        std::vector<std::pair<std::vector<uint32_t>, size_t>> stack;
+        stack.emplace_back(handles, 0);
+        while (!stack.empty()) {
+            auto [group, depth] = std::move(stack.back());
+            stack.pop_back();
+            if (group.size() == 1) {
+                order.push_back(group[0]);
+                continue;
+            }
+            const auto& first = reqs_[group[0]].path;
+            size_t common = first.size();
+            for (uint32_t h : group) {
+                const auto& path = reqs_[h].path;
+                size_t limit = std::min(common, path.size());
+                if (limit > depth && path[limit - 1] != first[limit - 1]) {
+                    size_t lo = depth, hi = limit - 1;
+                    while (lo < hi) {
+                        size_t mid = (lo + hi + 1) / 2;
+                        if (path[mid - 1] == first[mid - 1]) lo = mid;
+                        else hi = mid - 1;
+                    }
+                    limit = lo;
+                }
+                common = limit;
+            }
+            std::vector<std::pair<uint64_t, std::vector<uint32_t>>> branches;  // by serial, first seen first
+            for (uint32_t h : group) {
+                const auto& path = reqs_[h].path;
+                if (path.size() == common) {
+                    order.push_back(h);
+                    continue;
+                }
+                uint64_t serial = nodes_[path[common]].serial;
+                auto it = std::find_if(branches.begin(), branches.end(),
+                                       [serial](const auto& b) { return b.first == serial; });
+                if (it == branches.end()) branches.emplace_back(serial, std::vector<uint32_t>{h});
+                else it->second.push_back(h);
+            }
+            std::sort(branches.begin(), branches.end(),
+                      [](const auto& x, const auto& y) { return x.first > y.first; });
+            for (auto& b : branches) stack.emplace_back(std::move(b.second), common + 1);
+        }
+        return order;
+    }
+
+    // ------------------------------------------------------------------ mutations
+
+    // Encoded result: (num_chunks << 32) | handle, or a negative status.
+    int64_t insert_tokens(nb::handle tokens, int64_t chunk_size, uint64_t seed, double arrival, bool has_arrival) {
+        int64_t status = read_tokens(tokens.ptr(), tokens_);
+        if (status != OK) return status;
+        cumulative_xxh64(reinterpret_cast<const unsigned char*>(tokens_.data()), tokens_.size() * 4,
+                         static_cast<size_t>(chunk_size) * 4, seed, hashes_);
+        return insert(hashes_, arrival, has_arrival);
+    }
+
+    int64_t insert_hashes(nb::handle hashes, double arrival, bool has_arrival) {
+        int64_t status = read_hashes(hashes.ptr(), hashes_);
+        if (status != OK) return status;
+        return insert(hashes_, arrival, has_arrival);
+    }
+
+    int64_t activate(uint32_t h) {
+        Req& r = reqs_[h];
+        if (r.state != WAITING) return BAD_STATE;
+        if (r.suspended) unsuspend(h);
+        r.state = ACTIVE;
+        link_active(h);
+        ++num_active_;
+        const auto& path = r.path;
+        size_t len = path.size(), first_entered = len;
+        for (size_t d = 0; d < len; ++d) {
+            Node& n = nodes_[path[d]];
+            --n.num_waiting;
+            if (++n.num_active == 1 && d < first_entered) first_entered = d;
+        }
+        for (size_t d = first_entered; d < len; ++d) {
+            uint32_t below = d + 1 < len ? nodes_[path[d + 1]].num_waiting : 0;
+            if (nodes_[path[d]].num_waiting > below) push_global(path[d]);
+        }
+        update_shared_after_activate(h);
+        return OK;
+    }
+
+    int64_t deactivate(uint32_t h) {
+        Req& r = reqs_[h];
+        if (r.state != ACTIVE) return BAD_STATE;
+        for (uint32_t id : r.path) ++nodes_[id].num_waiting;
+        r.state = WAITING;
+        uint32_t leaf = r.path.back();
+        push(leaf, r.key(), h, r.gen, true);
+        push_arrival(h);
+        leave_working_set(h);
+        if (nodes_[leaf].num_active > 0) push_global(leaf);
+        return OK;
+    }
+
+    int64_t finish(uint32_t h) {
+        Req& r = reqs_[h];
+        if (r.state != ACTIVE) return BAD_STATE;
+        leave_working_set(h);
+        drop_request(h);
+        return OK;
+    }
+
+    int64_t remove(uint32_t h) {
+        Req& r = reqs_[h];
+        if (r.state != WAITING) return BAD_STATE;
+        if (r.suspended) unsuspend(h);
+        for (uint32_t id : r.path) --nodes_[id].num_waiting;
+        drop_request(h);
+        return OK;
+    }
+
+    int64_t suspend(uint32_t h) {
+        Req& r = reqs_[h];
+        if (r.state != WAITING) return BAD_STATE;
+        if (r.suspended) return ALREADY_SUSPENDED;
+        r.suspended = true;
+        r.suspended_at = static_cast<uint32_t>(suspended_.size());
+        suspended_.push_back(h);
+        return OK;
+    }
+
+    int64_t resume(uint32_t h) {
+        Req& r = reqs_[h];
+        if (!r.suspended) return NOT_SUSPENDED;
+        unsuspend(h);
+        publish(h, r.path.size());
+        return OK;
+    }
+
+    void resume_all() {
+        std::vector<uint32_t> handles = suspended_;
+        for (uint32_t h : handles) resume(h);
+    }
+
+    // ------------------------------------------------------------------ invariants
+
+    std::string check() const;
+
+  private:
+    // ------------------------------------------------------------------ paths and counts
+
+    int64_t insert(const std::vector<uint64_t>& hashes, double arrival, bool has_arrival) {
+        if (hashes.empty()) return EMPTY;
+        if (has_arrival && std::isnan(arrival)) return BAD_ARRIVAL;
+        std::vector<uint32_t> path;
+        size_t num_existing;
+        int64_t status = build_path(hashes, path, num_existing);
+        if (status != OK) return status;
+        uint32_t h = alloc_request();
+        Req& r = reqs_[h];
+        uint64_t seq = next_seq_++;
+        r.path = std::move(path);
+        r.seq = seq;
+        r.arrival = has_arrival ? arrival : static_cast<double>(seq);
+        r.state = WAITING;
+        r.suspended = false;
+        link_all(h);
+        ++num_requests_;
+        for (uint32_t id : r.path) ++nodes_[id].num_waiting;
+        publish(h, num_existing);
+        return (static_cast<int64_t>(r.path.size()) << 32) | h;
+    }
+
+    int64_t build_path(const std::vector<uint64_t>& hashes, std::vector<uint32_t>& path, size_t& num_existing) {
+        path.reserve(hashes.size());
+        uint32_t parent = ROOT;
+        size_t i = 0;
+        for (; i < hashes.size(); ++i) {
+            uint32_t id = index_.find(hashes[i]);
+            if (id == NIL) break;
+            if (nodes_[id].parent != parent) return HASH_CHAIN;
+            path.push_back(id);
+            parent = id;
+        }
+        num_existing = i;
+        for (size_t j = i; j < hashes.size(); ++j) {
+            uint32_t id = alloc_node();
+            if (!index_.insert(hashes[j], id)) {  // a known hash after a new one, or a repeat
+                free_slot(id);
+                for (size_t k = j; k-- > i;) {
+                    index_.erase(hashes[k]);
+                    free_slot(path[k]);
+                }
+                path.resize(i);
+                return HASH_CHAIN;
+            }
+            Node& n = nodes_[id];
+            n.hash = hashes[j];
+            n.parent = parent;
+            n.depth = static_cast<uint32_t>(j + 1);
+            path.push_back(id);
+            parent = id;
+        }
+        for (size_t j = i; j < path.size(); ++j) {
+            Node& n = nodes_[path[j]];
+            n.alive = true;
+            n.serial = next_serial_++;
+            ++num_nodes_;
+        }
+        return OK;
+    }
+
+    uint32_t alloc_node() {
+        if (!free_nodes_.empty()) {
+            uint32_t id = free_nodes_.back();
+            free_nodes_.pop_back();
+            return id;
+        }
+        nodes_.emplace_back();
+        return static_cast<uint32_t>(nodes_.size() - 1);
+    }
+
+    void free_slot(uint32_t id) {  // a slot never made alive (build_path rollback)
+        free_nodes_.push_back(id);
+    }
+
+    void release_node(uint32_t id) {
+        Node& n = nodes_[id];
+        index_.erase(n.hash);
+        n.alive = false;
+        ++n.gen;
+        n.has_best = n.has_global = n.has_stranger = false;
+        n.num_active = n.num_waiting = 0;
+        release(n.candidates);
+        release(n.arrivals);
+        --num_nodes_;
+        free_nodes_.push_back(id);
+    }
+
+    template <typename V>
+    static void release(V& v) {
+        if (v.capacity() > 16) V().swap(v);
+        else v.clear();
+    }
+
+    uint32_t alloc_request() {
+        if (!free_reqs_.empty()) {
+            uint32_t h = free_reqs_.back();
+            free_reqs_.pop_back();
+            return h;
+        }
+        reqs_.emplace_back();
+        return static_cast<uint32_t>(reqs_.size() - 1);
+    }
+
+    void drop_request(uint32_t h) {
+        Req& r = reqs_[h];
+        unlink_all(h);
+        --num_requests_;
+        r.state = FREE;
+        ++r.gen;
+        std::vector<uint32_t> path;
+        path.swap(r.path);
+        release_nodes(path);
+        trim_roots();
+        free_reqs_.push_back(h);
+    }
+
+    void release_nodes(const std::vector<uint32_t>& path) {
+        for (size_t i = path.size(); i-- > 0;) {
+            const Node& n = nodes_[path[i]];
+            if (n.num_active || n.num_waiting) break;
+            release_node(path[i]);
+        }
+        for (uint32_t id : path) {
+            Node& n = nodes_[id];
+            if (!n.alive) break;
+            size_t live = n.num_waiting + n.num_active;
+            if (n.candidates.size() > 4 * live + COMPACT_MIN) compact_candidates(n.candidates);
+            if (n.depth == 1 && n.arrivals.size() > 4 * live + COMPACT_MIN) compact_arrivals(n.arrivals);
+        }
+    }
+
+    void trim_roots() {
+        if (global_.size() > 2 * num_nodes_ + COMPACT_MIN) compact_global();
+        if (strangers_.size() > 2 * num_nodes_ + COMPACT_MIN) compact_strangers();
+        if (by_arrival_.size() > 2 * num_requests_ + COMPACT_MIN) compact_arrivals(by_arrival_);
+    }
+
+    void unsuspend(uint32_t h) {
+        Req& r = reqs_[h];
+        r.suspended = false;
+        uint32_t at = r.suspended_at, last = suspended_.back();
+        suspended_[at] = last;
+        reqs_[last].suspended_at = at;
+        suspended_.pop_back();
+        r.suspended_at = NIL;
+    }
+
+    void link_all(uint32_t h) {
+        Req& r = reqs_[h];
+        r.prev = all_.tail;
+        r.next = NIL;
+        if (all_.tail != NIL) reqs_[all_.tail].next = h;
+        else all_.head = h;
+        all_.tail = h;
+    }
+    void unlink_all(uint32_t h) {
+        Req& r = reqs_[h];
+        if (r.prev != NIL) reqs_[r.prev].next = r.next;
+        else all_.head = r.next;
+        if (r.next != NIL) reqs_[r.next].prev = r.prev;
+        else all_.tail = r.prev;
+    }
+    void link_active(uint32_t h) {
+        Req& r = reqs_[h];
+        r.prev_act = running_.tail;
+        r.next_act = NIL;
+        if (running_.tail != NIL) reqs_[running_.tail].next_act = h;
+        else running_.head = h;
+        running_.tail = h;
+    }
+    void unlink_active(uint32_t h) {
+        Req& r = reqs_[h];
+        if (r.prev_act != NIL) reqs_[r.prev_act].next_act = r.next_act;
+        else running_.head = r.next_act;
+        if (r.next_act != NIL) reqs_[r.next_act].prev_act = r.prev_act;
+        else running_.tail = r.prev_act;
+    }
+
+    int64_t last_depth(const std::vector<uint32_t>& path, size_t limit, size_t threshold) const {
+        size_t lo = 0, hi = limit;
+        while (lo < hi) {
+            size_t mid = (lo + hi + 1) / 2;
+            if (nodes_[path[mid - 1]].num_active >= threshold) lo = mid;
+            else hi = mid - 1;
+        }
+        return static_cast<int64_t>(lo);
+    }
+
+    void update_shared_after_activate(uint32_t h) {
+        const auto& path = reqs_[h].path;
+        if (num_active_ == 1) {
+            shared_ = path.back();
+            return;
+        }
+        size_t limit = std::min(path.size(), static_cast<size_t>(shared_depth()));
+        int64_t d = last_depth(path, limit, num_active_);
+        shared_ = d ? path[static_cast<size_t>(d - 1)] : ROOT;
+    }
+
+    void update_shared_after_leave() {
+        if (num_active_ == 0) {
+            shared_ = NIL;
+            return;
+        }
+        const auto& path = reqs_[running_.head].path;
+        int64_t d = last_depth(path, path.size(), num_active_);
+        shared_ = d ? path[static_cast<size_t>(d - 1)] : ROOT;
+    }
+
+    void leave_working_set(uint32_t h) {
+        unlink_active(h);
+        --num_active_;
+        left_.clear();
+        for (uint32_t id : reqs_[h].path)
+            if (--nodes_[id].num_active == 0) left_.push_back(id);
+        for (size_t i = left_.size(); i-- > 0;) {
+            uint32_t id = left_[i];
+            if (nodes_[id].num_waiting == 0) {
+                nodes_[id].has_best = false;
+                continue;
+            }
+            if (refresh(id) && nodes_[id].depth > 1) {
+                const Node& n = nodes_[id];
+                push(n.parent, n.best, id, n.gen, false);
+            }
+        }
+        if (!left_.empty() && nodes_[left_[0]].num_waiting) {
+            if (nodes_[left_[0]].depth > 1) push_global(nodes_[left_[0]].parent);
+            else push_stranger(left_[0]);
+        }
+        update_shared_after_leave();
+    }
+
+    // ------------------------------------------------------------------ the lazy heaps
+
+    bool live_waiting(uint32_t h, uint32_t gen) const {
+        const Req& r = reqs_[h];
+        return r.gen == gen && r.state == WAITING && !r.suspended;
+    }
+
+    bool live_child(const CEntry& e) const {
+        const Node& c = nodes_[e.item];
+        return c.gen == e.gen && c.alive && c.num_active == 0 && c.has_best && c.best == e.k;
+    }
+
+    void push(uint32_t node, const Key& key, uint32_t item, uint32_t gen, bool is_req) {
+        Node& n = nodes_[node];
+        heap_push<CEntry, CAfter>(n.candidates, CEntry{key, next_push_++, item, gen, is_req});
+        if (n.candidates.size() > 4 * (n.num_waiting + n.num_active) + COMPACT_MIN) compact_candidates(n.candidates);
+    }
+
+    void publish(uint32_t h, size_t num_existing) {
+        offer(h, num_existing);
+        push_arrival(h);
+        const Req& r = reqs_[h];
+        Node& first = nodes_[r.path[0]];
+        if (first.num_active == 0) {
+            Key key{0, r.arrival, r.seq};
+            if (!first.has_stranger || key < first.stranger_key) push_stranger_key(r.path[0], key);
+        }
+    }
+
+    void offer(uint32_t h, size_t num_existing) {
+        const Req& r = reqs_[h];
+        Key key = r.key();
+        const auto& path = r.path;
+        uint32_t node;
+        if (num_existing < path.size()) {
+            uint32_t below = h, below_gen = r.gen;
+            bool below_is_req = true;
+            for (size_t i = path.size(); i-- > num_existing;) {
+                Node& n = nodes_[path[i]];
+                n.candidates.clear();
+                n.candidates.push_back(CEntry{key, next_push_++, below, below_gen, below_is_req});
+                n.has_best = true;
+                n.best = key;
+                n.best_req = h;
+                n.best_gen = r.gen;
+                below = path[i];
+                below_gen = n.gen;
+                below_is_req = false;
+            }
+            if (num_existing == 0) return;
+            node = path[num_existing - 1];
+            push(node, key, below, below_gen, false);
+        } else {
+            node = path.back();
+            push(node, key, h, r.gen, true);
+        }
+        while (nodes_[node].num_active == 0) {
+            Node& n = nodes_[node];
+            if (n.has_best && n.best <= key) return;
+            n.has_best = true;
+            n.best = key;
+            n.best_req = h;
+            n.best_gen = r.gen;
+            if (n.depth == 1) return;
+            uint32_t parent = n.parent;
+            push(parent, key, node, n.gen, false);
+            node = parent;
+        }
+        push_global(node);
+    }
+
+    void push_global(uint32_t node) {
+        const CEntry* top = settle(node);
+        if (top == nullptr) return;
+        Node& n = nodes_[node];
+        Key key{top->k.n - static_cast<int64_t>(n.depth), top->k.a, top->k.s};
+        if (n.has_global && n.global_key <= key) return;
+        n.has_global = true;
+        n.global_key = key;
+        heap_push<GEntry, GAfter>(global_, GEntry{key, next_push_++, node, n.gen});
+        if (global_.size() > 2 * num_nodes_ + COMPACT_MIN) compact_global();
+    }
+
+    void push_arrival(uint32_t h) {
+        const Req& r = reqs_[h];
+        AEntry e{AKey{r.arrival, r.seq}, h, r.gen};
+        Node& first = nodes_[r.path[0]];
+        heap_push<AEntry, AAfter>(first.arrivals, e);
+        if (first.arrivals.size() > 4 * (first.num_waiting + first.num_active) + COMPACT_MIN)
+            compact_arrivals(first.arrivals);
+        heap_push<AEntry, AAfter>(by_arrival_, e);
+        if (by_arrival_.size() > 2 * num_requests_ + COMPACT_MIN) compact_arrivals(by_arrival_);
+    }
+
+    void push_stranger(uint32_t first) {
+        const AEntry* top = settle_arrivals(first);
+        if (top == nullptr) return;
+        Key key{0, top->k.a, top->k.s};
+        const Node& n = nodes_[first];
+        if (!n.has_stranger || key < n.stranger_key) push_stranger_key(first, key);
+    }
+
+    void push_stranger_key(uint32_t first, const Key& key) {
+        Node& n = nodes_[first];
+        n.has_stranger = true;
+        n.stranger_key = key;
+        heap_push<GEntry, GAfter>(strangers_, GEntry{key, next_push_++, first, n.gen});
+        if (strangers_.size() > 2 * num_nodes_ + COMPACT_MIN) compact_strangers();
+    }
+
+    const AEntry* settle_arrivals(uint32_t first) {
+        auto& heap = nodes_[first].arrivals;
+        while (!heap.empty()) {
+            const AEntry& e = heap.front();
+            if (live_waiting(e.req, e.gen)) return &heap.front();
+            heap_pop<AEntry, AAfter>(heap);
+        }
+        return nullptr;
+    }
+
+    // The valid top entry of `node`'s candidates (stale entries dropped, blocked children recomputed).
+    const CEntry* settle(uint32_t node) {
+        auto& stack = settle_stack_;
+        stack.clear();
+        stack.push_back(node);
+        while (true) {
+            uint32_t current = stack.back();
+            auto& heap = nodes_[current].candidates;
+            uint32_t blocked = NIL;
+            while (!heap.empty()) {
+                const CEntry& e = heap.front();
+                if (e.is_req) {
+                    if (live_waiting(e.item, e.gen)) break;
+                } else if (live_child(e)) {
+                    const Node& c = nodes_[e.item];
+                    if (live_waiting(c.best_req, c.best_gen)) break;
+                    blocked = e.item;
+                }
+                heap_pop<CEntry, CAfter>(heap);
+                if (blocked != NIL) break;
+            }
+            if (blocked != NIL) {
+                stack.push_back(blocked);
+                continue;
+            }
+            stack.pop_back();
+            const CEntry* top = heap.empty() ? nullptr : &heap.front();
+            if (stack.empty()) return top;
+            set_best(current, top);
+            const Node& n = nodes_[current];
+            if (n.has_best) push(stack.back(), n.best, current, n.gen, false);
+        }
+    }
+
+    void set_best(uint32_t node, const CEntry* top) {
+        Node& n = nodes_[node];
+        if (top == nullptr) {
+            n.has_best = false;
+            return;
+        }
+        n.has_best = true;
+        n.best = top->k;
+        if (top->is_req) {
+            n.best_req = top->item;
+            n.best_gen = top->gen;
+        } else {
+            const Node& c = nodes_[top->item];
+            n.best_req = c.best_req;
+            n.best_gen = c.best_gen;
+        }
+    }
+
+    bool refresh(uint32_t node) {
+        set_best(node, settle(node));
+        return nodes_[node].has_best;
+    }
+
+    uint32_t pop_sharing() {
+        while (!global_.empty()) {
+            GEntry e = global_.front();
+            Node& n = nodes_[e.node];
+            if (n.gen != e.gen || !n.has_global || n.global_key != e.k) {
+                heap_pop<GEntry, GAfter>(global_);
+                continue;
+            }
+            if (!n.alive || n.num_active == 0) {
+                n.has_global = false;
+                heap_pop<GEntry, GAfter>(global_);
+                continue;
+            }
+            const CEntry* top = settle(e.node);
+            if (top == nullptr) {
+                n.has_global = false;
+                heap_pop<GEntry, GAfter>(global_);
+                continue;
+            }
+            Key key{top->k.n - static_cast<int64_t>(n.depth), top->k.a, top->k.s};
+            if (key != n.global_key) {
+                n.global_key = key;
+                heap_pop<GEntry, GAfter>(global_);
+                heap_push<GEntry, GAfter>(global_, GEntry{key, next_push_++, e.node, n.gen});
+                continue;
+            }
+            return top->is_req ? top->item : nodes_[top->item].best_req;
+        }
+        return NIL;
+    }
+
+    uint32_t pop_stranger() {
+        while (!strangers_.empty()) {
+            GEntry e = strangers_.front();
+            Node& n = nodes_[e.node];
+            if (n.gen != e.gen || !n.has_stranger || n.stranger_key != e.k) {
+                heap_pop<GEntry, GAfter>(strangers_);
+                continue;
+            }
+            if (!n.alive || n.num_active > 0) {
+                n.has_stranger = false;
+                heap_pop<GEntry, GAfter>(strangers_);
+                continue;
+            }
+            const AEntry* top = settle_arrivals(e.node);
+            if (top == nullptr) {
+                n.has_stranger = false;
+                heap_pop<GEntry, GAfter>(strangers_);
+                continue;
+            }
+            Key key{0, top->k.a, top->k.s};
+            if (key != n.stranger_key) {
+                n.stranger_key = key;
+                heap_pop<GEntry, GAfter>(strangers_);
+                heap_push<GEntry, GAfter>(strangers_, GEntry{key, next_push_++, e.node, n.gen});
+                continue;
+            }
+            return top->req;
+        }
+        return NIL;
+    }
+
+    // ------------------------------------------------------------------ compaction
+
+    void compact_candidates(std::vector<CEntry>& heap) {
+        std::vector<CEntry> kept;
+        kept.reserve(heap.size() / 2);
+        for (const CEntry& e : heap)
+            if (e.is_req ? live_waiting(e.item, e.gen) : live_child(e)) kept.push_back(e);
+        std::sort(kept.begin(), kept.end(), [](const CEntry& x, const CEntry& y) {
+            return std::tie(x.is_req, x.item) < std::tie(y.is_req, y.item) ||
+                   (std::tie(x.is_req, x.item) == std::tie(y.is_req, y.item) && CAfter()(y, x));
+        });
+        kept.erase(std::unique(kept.begin(), kept.end(),
+                               [](const CEntry& x, const CEntry& y) { return x.is_req == y.is_req && x.item == y.item; }),
+                   kept.end());
+        std::make_heap(kept.begin(), kept.end(), CAfter());
+        heap.swap(kept);
+    }
+
+    void compact_arrivals(std::vector<AEntry>& heap) {
+        std::vector<AEntry> kept;
+        kept.reserve(heap.size() / 2);
+        for (const AEntry& e : heap)
+            if (live_waiting(e.req, e.gen)) kept.push_back(e);
+        std::sort(kept.begin(), kept.end(), [](const AEntry& x, const AEntry& y) { return x.req < y.req; });
+        kept.erase(std::unique(kept.begin(), kept.end(), [](const AEntry& x, const AEntry& y) { return x.req == y.req; }),
+                   kept.end());
+        std::make_heap(kept.begin(), kept.end(), AAfter());
+        heap.swap(kept);
+    }
+
+    // The live entry per node (the one matching its recorded key); `in_working_set` selects global vs stranger.
+    void compact_roots(std::vector<GEntry>& heap, bool global) {
+        std::vector<GEntry> kept;
+        for (const GEntry& e : heap) {
+            const Node& n = nodes_[e.node];
+            if (n.gen != e.gen || !n.alive) continue;
+            bool has = global ? n.has_global : n.has_stranger;
+            const Key& key = global ? n.global_key : n.stranger_key;
+            bool placed = global ? n.num_active > 0 : n.num_active == 0;
+            if (has && key == e.k && placed) kept.push_back(e);
+        }
+        std::sort(kept.begin(), kept.end(), [](const GEntry& x, const GEntry& y) { return x.node < y.node; });
+        kept.erase(std::unique(kept.begin(), kept.end(), [](const GEntry& x, const GEntry& y) { return x.node == y.node; }),
+                   kept.end());
+        for (const GEntry& e : heap) {
+            Node& n = nodes_[e.node];
+            if (n.gen != e.gen) continue;
+            (global ? n.has_global : n.has_stranger) = false;
+        }
+        for (const GEntry& e : kept) {
+            Node& n = nodes_[e.node];
+            (global ? n.has_global : n.has_stranger) = true;
+        }
+        std::make_heap(kept.begin(), kept.end(), GAfter());
+        heap.swap(kept);
+    }
+    void compact_global() { compact_roots(global_, true); }
+    void compact_strangers() { compact_roots(strangers_, false); }
+
+    int64_t chunk_size_;
+    std::vector<Node> nodes_;
+    std::vector<uint32_t> free_nodes_;
+    std::vector<Req> reqs_;
+    std::vector<uint32_t> free_reqs_;
+    HashIndex index_;
+    List all_, running_;
+    std::vector<uint32_t> suspended_;
+    std::vector<GEntry> global_, strangers_;
+    std::vector<AEntry> by_arrival_;
+    size_t num_requests_ = 0, num_active_ = 0, num_nodes_ = 0;
+    uint32_t shared_ = NIL;
+    uint64_t next_seq_ = 0, next_serial_ = 0, next_push_ = 0;
+    std::vector<uint32_t> tokens_;
+    std::vector<uint64_t> hashes_;
+    std::vector<uint32_t> settle_stack_, left_;
+};
+
+// ------------------------------------------------------------------------------------------- invariants
+
+#define REQUIRE(cond, msg)          \
+    do {                            \
+        if (!(cond)) return (msg);  \
+    } while (0)
+
+std::string Core::check() const {
+    std::vector<uint32_t> num_active(nodes_.size(), 0), num_waiting(nodes_.size(), 0);
+    size_t count = 0, active = 0, flagged = 0;
+    for (uint32_t h = all_.head; h != NIL; h = reqs_[h].next) {
+        const Req& r = reqs_[h];
+        ++count;
+        REQUIRE(r.state == WAITING || r.state == ACTIVE, "a listed request has no state");
+        REQUIRE(!r.path.empty(), "a request with no chunks");
+        active += r.state == ACTIVE;
+        flagged += r.suspended;
+        REQUIRE(!r.suspended || r.state == WAITING, "a running request is suspended");
+        uint32_t parent = ROOT;
+        for (size_t d = 0; d < r.path.size(); ++d) {
+            uint32_t id = r.path[d];
+            const Node& n = nodes_[id];
+            REQUIRE(n.alive && index_.find(n.hash) == id, "dead/unregistered node on a request's path");
+            REQUIRE(n.parent == parent && n.depth == d + 1, "broken chain on a request's path");
+            (r.state == ACTIVE ? num_active : num_waiting)[id] += 1;
+            parent = id;
+        }
+    }
+    REQUIRE(count == num_requests_ && active == num_active_, "request counts disagree with the lists");
+    size_t listed_active = 0;
+    for (uint32_t h = running_.head; h != NIL; h = reqs_[h].next_act) {
+        REQUIRE(reqs_[h].state == ACTIVE, "a waiting request in the running list");
+        ++listed_active;
+    }
+    REQUIRE(listed_active == num_active_, "running list length wrong");
+    REQUIRE(flagged == suspended_.size(), "suspended flags disagree with the suspended list");
+    for (size_t i = 0; i < suspended_.size(); ++i)
+        REQUIRE(reqs_[suspended_[i]].suspended && reqs_[suspended_[i]].suspended_at == i, "suspended list broken");
+    size_t alive = 0;
+    for (uint32_t id = 1; id < nodes_.size(); ++id) {
+        const Node& n = nodes_[id];
+        if (!n.alive) continue;
+        ++alive;
+        REQUIRE(n.num_active == num_active[id], "num_active wrong");
+        REQUIRE(n.num_waiting == num_waiting[id], "num_waiting wrong");
+        REQUIRE(n.num_active + n.num_waiting > 0, "unreferenced node kept");
+        size_t live = n.num_active + n.num_waiting;
+        REQUIRE(n.candidates.size() <= 4 * live + COMPACT_MIN, "candidate heap unbounded");
+        REQUIRE(n.arrivals.size() <= 4 * live + COMPACT_MIN, "arrival heap unbounded");
+        REQUIRE(n.depth == 1 || (n.arrivals.empty() && !n.has_stranger), "arrival heap on a deeper node");
+    }
+    REQUIRE(alive == num_nodes_ && index_.size() == num_nodes_, "node registry size wrong");
+    REQUIRE(nodes_[ROOT].candidates.empty(), "the root has candidates");
+    REQUIRE(global_.size() <= 2 * num_nodes_ + COMPACT_MIN, "global heap unbounded");
+    REQUIRE(strangers_.size() <= 2 * num_nodes_ + COMPACT_MIN, "stranger heap unbounded");
+    REQUIRE(by_arrival_.size() <= 2 * num_requests_ + COMPACT_MIN, "arrival order unbounded");
+
+    // Shared prefix.
+    if (num_active_ == 0) {
+        REQUIRE(shared_ == NIL, "shared prefix set with no running request");
+    } else {
+        size_t depth = 0;
+        while (true) {
+            uint32_t node = NIL;
+            bool same = true;
+            for (uint32_t h = running_.head; h != NIL && same; h = reqs_[h].next_act) {
+                const auto& p = reqs_[h].path;
+                if (p.size() <= depth) same = false;
+                else if (node == NIL) node = p[depth];
+                else same = p[depth] == node;
+            }
+            if (!same) break;
+            ++depth;
+        }
+        REQUIRE(static_cast<size_t>(shared_depth()) == depth, "shared depth disagrees with a recount");
+    }
+
+    // Lower bounds (see invariants.py): every waiting, unsuspended request is findable through kept entries.
+    std::map<std::tuple<uint32_t, uint32_t, bool>, std::vector<Key>> entries;
+    for (uint32_t id = 0; id < nodes_.size(); ++id) {
+        if (!nodes_[id].alive) continue;
+        for (const CEntry& e : nodes_[id].candidates) entries[{id, e.item, e.is_req}].push_back(e.k);
+    }
+    auto has_entry = [&](uint32_t node, uint32_t item, bool is_req, const Key& key, bool exact) {
+        auto it = entries.find({node, item, is_req});
+        if (it == entries.end()) return false;
+        for (const Key& k : it->second)
+            if (exact ? k == key : k <= key) return true;
+        return false;
+    };
+    std::map<uint32_t, Key> live_global, live_strangers;
+    for (const GEntry& e : global_) {
+        const Node& n = nodes_[e.node];
+        if (n.gen == e.gen && n.has_global && n.global_key == e.k) live_global[e.node] = e.k;
+    }
+    for (const GEntry& e : strangers_) {
+        const Node& n = nodes_[e.node];
+        if (n.gen == e.gen && n.has_stranger && n.stranger_key == e.k) live_strangers[e.node] = e.k;
+    }
+    for (uint32_t id = 1; id < nodes_.size(); ++id) {
+        const Node& n = nodes_[id];
+        if (!n.alive) continue;
+        REQUIRE(!n.has_global || live_global.count(id), "a global key with no entry in the global heap");
+        REQUIRE(!n.has_stranger || live_strangers.count(id), "a stranger key with no entry in the stranger heap");
+    }
+    std::set<uint32_t> in_order;
+    for (const AEntry& e : by_arrival_)
+        if (reqs_[e.req].gen == e.gen && e.k == AKey{reqs_[e.req].arrival, reqs_[e.req].seq}) in_order.insert(e.req);
+    for (uint32_t h = all_.head; h != NIL; h = reqs_[h].next) {
+        const Req& r = reqs_[h];
+        if (r.state != WAITING || r.suspended) continue;
+        REQUIRE(in_order.count(h), "a waiting request is missing from the arrival order");
+        Key key = r.key();
+        uint32_t first = r.path[0];
+        if (nodes_[first].num_active == 0) {
+            bool found = false;
+            for (const AEntry& e : nodes_[first].arrivals) found |= e.req == h && e.gen == r.gen;
+            REQUIRE(found, "a stranger is missing from its arrival heap");
+            const Node& f = nodes_[first];
+            Key arrival_key{0, r.arrival, r.seq};
+            REQUIRE(f.has_stranger && f.stranger_key <= arrival_key, "no stranger entry bounds a request");
+            continue;
+        }
+        REQUIRE(has_entry(r.path.back(), h, true, key, true), "no leaf entry for a waiting request");
+        uint32_t node = r.path.back();
+        while (nodes_[node].num_active == 0) {
+            const Node& n = nodes_[node];
+            REQUIRE(n.has_best && n.best <= key, "a cached best does not bound a waiting request");
+            REQUIRE(has_entry(n.parent, node, false, n.best, true), "a waiting request is unreachable");
+            node = n.parent;
+        }
+        auto it = live_global.find(node);
+        Key bound{key.n - static_cast<int64_t>(nodes_[node].depth), key.a, key.s};
+        REQUIRE(it != live_global.end() && it->second <= bound, "no global entry bounds a waiting request");
+    }
+    return "";
+}
+
+#undef REQUIRE
+
+nb::list chunk_hashes(nb::handle tokens, int64_t chunk_size, uint64_t seed) {
+    std::vector<uint32_t> words;
+    int64_t status = read_tokens(tokens.ptr(), words);
+    if (status != OK) throw nb::value_error(status == EMPTY ? "empty" : "invalid tokens");
+    std::vector<uint64_t> out;
+    cumulative_xxh64(reinterpret_cast<const unsigned char*>(words.data()), words.size() * 4,
+                     static_cast<size_t>(chunk_size) * 4, seed, out);
+    nb::list result;
+    for (uint64_t h : out) result.append(h);
+    return result;
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+    m.doc() = "The Chunked Hash Tree's compiled core (see core.cpp); use it through sglang_feather.cht.";
+    m.attr("EMPTY") = static_cast<int64_t>(EMPTY);
+    m.attr("INVALID_TOKENS") = static_cast<int64_t>(INVALID_TOKENS);
+    m.attr("HASH_CHAIN") = static_cast<int64_t>(HASH_CHAIN);
+    m.attr("BAD_HASH") = static_cast<int64_t>(BAD_HASH);
+    m.attr("BAD_STATE") = static_cast<int64_t>(BAD_STATE);
+    m.attr("ALREADY_SUSPENDED") = static_cast<int64_t>(ALREADY_SUSPENDED);
+    m.attr("NOT_SUSPENDED") = static_cast<int64_t>(NOT_SUSPENDED);
+    m.attr("BAD_ARRIVAL") = static_cast<int64_t>(BAD_ARRIVAL);
+    m.def("chunk_hashes", &chunk_hashes, "tokens"_a, "chunk_size"_a, "seed"_a);
+    nb::class_<Core>(m, "Core")
+        .def(nb::init<int64_t>())
+        .def_prop_ro("num_requests", &Core::num_requests)
+        .def_prop_ro("num_active", &Core::num_active)
+        .def_prop_ro("num_suspended", &Core::num_suspended)
+        .def_prop_ro("num_nodes", &Core::num_nodes)
+        .def_prop_ro("num_index_entries", &Core::num_index_entries)
+        .def_prop_ro("shared_depth", &Core::shared_depth)
+        .def("state", &Core::state)
+        .def("is_suspended", &Core::is_suspended)
+        .def("num_chunks", &Core::num_chunks)
+        .def("path_hashes", &Core::path_hashes)
+        .def("num_missing", &Core::num_missing)
+        .def("num_holding", &Core::num_holding)
+        .def("shares_prefix", &Core::shares_prefix)
+        .def("waiting", &Core::waiting)
+        .def("active", &Core::active)
+        .def("suspended", &Core::suspended)
+        .def("best", &Core::best)
+        .def("describe", &Core::describe)
+        .def("oldest", &Core::oldest)
+        .def("prefix_order", &Core::prefix_order)
+        .def("insert_tokens", &Core::insert_tokens)
+        .def("insert_hashes", &Core::insert_hashes)
+        .def("activate", &Core::activate)
+        .def("deactivate", &Core::deactivate)
+        .def("finish", &Core::finish)
+        .def("remove", &Core::remove)
+        .def("suspend", &Core::suspend)
+        .def("resume", &Core::resume)
+        .def("resume_all", &Core::resume_all)
+        .def("check", &Core::check);
+}

@@ -1,0 +1,40 @@
+"""Which Chunked Hash Tree core runs: the compiled one when it is built, else the Python one."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from sglang_feather.cht.tree import PythonTree
+
+ENV_VAR = "SGLANG_FEATHER_CHT"
+"""`python` or `native` forces a core (`native` fails loudly when it is not built); unset or `auto` picks."""
+
+logger = logging.getLogger(__name__)
+
+
+def _select() -> tuple[type, str]:
+    choice = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    if choice not in ("auto", "python", "native"):
+        raise ValueError(f"{ENV_VAR}={choice!r}: expected python, native or auto")
+    if choice == "python":
+        return PythonTree, "python"
+    try:
+        from sglang_feather.cht.native import NativeTree
+    except ImportError as err:
+        if choice == "native":
+            raise ImportError(
+                f"{ENV_VAR}=native but the compiled CHT core is not built ({err}); run `make setup` or "
+                "`pip install -e .`"
+            ) from err
+        return PythonTree, "python"
+    return NativeTree, "native"
+
+
+ChunkedHashTree, BACKEND = _select()
+logger.info("Chunked Hash Tree core: %s (%s=%s)", BACKEND, ENV_VAR, os.environ.get(ENV_VAR, "auto"))
+
+
+def backend_name() -> str:
+    """`native` or `python`: the core `ChunkedHashTree` is (for logs and the metrics label)."""
+    return BACKEND
