@@ -121,6 +121,8 @@ class Engine:
         self._unpublished: list[ReqState] = []
         """Prefills completed in the last step whose prompts the overlap scheduler has not yet cached."""
         self._num_in_flight = 0
+        self._slot_free_s = 0.0
+        """When the client's concurrency limit last let a request go (a finish under a full limit)."""
         self._arrivals: list[tuple[float, int, str]] = []
         self._followers: dict[str, list[ReqState]] = {}
         self._split: KVSplit | None = None
@@ -164,8 +166,8 @@ class Engine:
             while self._arrivals and self._arrivals[0][0] <= self.now:
                 if limit is not None and self._num_in_flight >= limit:
                     break
-                sent_s, _, rid = heapq.heappop(self._arrivals)
-                self._arrive(self.by_rid[rid], sent_s if limit is None else self.now)
+                due, _, rid = heapq.heappop(self._arrivals)
+                self._arrive(self.by_rid[rid], max(due, self._slot_free_s))
             if not self._step():
                 if not self._arrivals or (limit is not None and self._num_in_flight >= limit):
                     raise RuntimeError(f"simulation stalled with {n - self._num_done} unfinished requests")
@@ -174,7 +176,7 @@ class Engine:
         return self.log
 
     def _arrive(self, s: ReqState, sent_s: float) -> None:
-        """`s` reaches the server at `sent_s` (the client's send time; the engine sees it at this step)."""
+        """`s` reaches the scheduler at this step boundary; its wait counts from when the client sent it."""
         self._num_in_flight += 1
         s.phase = Phase.WAITING
         s.arrival_t = sent_s
@@ -302,6 +304,8 @@ class Engine:
     def _finish(self, s: ReqState, end: float) -> None:
         if s in self._unpublished:
             self._unpublished.remove(s)
+        if self._num_in_flight == self.config.max_concurrency:
+            self._slot_free_s = end
         self._num_in_flight -= 1
         out = output_tokens(self.src, s)[: s.num_out]
         full = np.concatenate([s.tokens, out])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from sglang_feather.admission import AdmissionConfig
@@ -48,7 +48,8 @@ def simulate(
     cache = PrefixCache(capacity)
     pool = KVPool(capacity, cache)
     clock = SimClock()
-    setup = PolicySetup(cache=cache, clock=clock, admission=spec.admission)
+    admission = replace(spec.admission, page_size=config.block_size)
+    setup = PolicySetup(cache=cache, clock=clock, admission=admission)
     policy = make_policy(spec.policy, setup)
     engine = Engine(states, policy, pool, EngineSetup(cost, config, cpu, src, clock, progress))
     log = engine.run()

@@ -31,6 +31,7 @@ POLICIES = ("fcfs", "lpm", "dfs-weight", "feather")
 @dataclass(frozen=True)
 class Case:
     label: str
+    """Unique within a sweep; cases equal but for the batch order share `label` up to the order's name."""
     workload: str
     knobs: WorkloadConfig
     engine: EngineConfig
@@ -123,7 +124,8 @@ def run_case(case: Case, policies: tuple[str, ...], seeds: list[int], cpu) -> li
             s = summarize(policy, log)
             over = sum(b.num_over for b in wait_by_length(log, 1, 20.0))
             base = s.output_tok_s if policy == "fcfs" else base
-            row = {"case": case.label, "seed": seed, **asdict(s), "num_wait_over": over}
+            row = {"case": case.label, "seed": seed, "batch_order": case.engine.batch_order}
+            row |= {**asdict(s), "num_wait_over": over}
             row["x_fcfs"] = s.output_tok_s / base if base else float("nan")
             rows.append(row)
             print(
@@ -141,6 +143,35 @@ def table(rows: list[dict], policies: tuple[str, ...]) -> str:
             if mine:
                 cells = [_cell([r[k] for r in mine], fmt) for k, _, fmt in METRICS]
                 lines.append("| " + " | ".join([case, policy, *cells]) + " |")
+    return "\n".join(lines)
+
+
+def order_table(rows: list[dict]) -> str:
+    """Prefix order over admission order, per case, policy and seed (median [min-max]): TPOT, tok/s, TTFT."""
+    by_key: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        base = r["case"].removesuffix(" " + r["batch_order"])
+        by_key.setdefault((base, r["policy"], r["seed"]), {})[r["batch_order"]] = r
+    ratios: dict[tuple, list[tuple[float, ...]]] = {}
+    for (base, policy, _), pair in by_key.items():
+        if {"admission", "prefix"} <= set(pair):
+            a, p = pair["admission"], pair["prefix"]
+            ratios.setdefault((base, policy), []).append(
+                tuple(
+                    p[k] / a[k] if a[k] else float("nan")
+                    for k in ("tpot_p50_ms", "output_tok_s", "ttft_p99_s")
+                )
+                + (a["groups_per_decode_step"],)
+            )
+    lines = [
+        "| case | policy | TPOT p50 prefix/admission | tok/s prefix/admission | TTFT p99 prefix/admission "
+        "| groups/step (admission) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (base, policy), vals in ratios.items():
+        cols = list(zip(*vals, strict=True))
+        cells = [_cell(list(c), "{:.2f}") for c in cols[:3]] + [_cell(list(cols[3]), "{:.1f}")]
+        lines.append("| " + " | ".join([base, policy, *cells]) + " |")
     return "\n".join(lines)
 
 
@@ -162,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.only in case.label:
             rows += run_case(case, policies, list(range(args.seeds)), cpu)
     print(table(rows, policies))
+    if len({r["batch_order"] for r in rows}) > 1:
+        print()
+        print(order_table(rows))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=1, default=str)

@@ -114,3 +114,18 @@ def test_bad_engine_options_are_refused():
         EngineConfig(batch_order="random")
     with pytest.raises(ValueError, match="max_concurrency"):
         EngineConfig(max_concurrency=0)
+
+
+def test_sweep_tables_take_per_seed_ratios():
+    from sglang_feather.sim.cpu import FixedCpu
+    from sglang_feather.sim.sweeps import Case, order_table, run_case, table
+
+    knobs = WorkloadConfig(num_groups=2, prompts_per_group=3, prefix_len=64, question_len=8, output_len=6)
+    rows = []
+    for order in ("admission", "prefix"):
+        case = Case(f"tiny {order}", "gsp", knobs, EngineConfig(batch_order=order))
+        rows += run_case(case, ("fcfs", "feather"), [0, 1], FixedCpu(0.0))
+    assert len(rows) == 8 and all(r["x_fcfs"] == 1.0 for r in rows if r["policy"] == "fcfs")
+    assert "| tiny prefix | feather |" in table(rows, ("fcfs", "feather"))
+    ratios = order_table(rows)
+    assert "| tiny | fcfs |" in ratios and "| tiny | feather |" in ratios
