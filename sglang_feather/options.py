@@ -60,7 +60,7 @@ class Option:
         return None if self.check is None else self.check(value)
 
     def flag(self) -> str:
-        return FLAG_PREFIX + self.name.replace("_", "-")
+        return flag(self.name)
 
     def dest(self) -> str:
         return self.flag().lstrip("-").replace("-", "_")
@@ -68,6 +68,11 @@ class Option:
     def flag_help(self) -> str:
         choices = f" ({', '.join(self.choices())})" if self.choices is not None else ""
         return f"{self.help}{choices}; default {show(self.default)}."
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of option `name`."""
+    return FLAG_PREFIX + name.replace("_", "-")
 
 
 def option(

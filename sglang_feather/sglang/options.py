@@ -8,7 +8,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sglang_feather.admission import AdmissionConfig
-from sglang_feather.options import ConfigError, add_flags, build, check_options, declared, given_flags, option
+from sglang_feather.options import (
+    ConfigError,
+    add_flags,
+    build,
+    check_options,
+    declared,
+    flag,
+    given_flags,
+    option,
+)
 from sglang_feather.sglang.batch_order import ADMISSION, BATCH_ORDERS
 
 FEATHER = "feather"
@@ -66,7 +75,6 @@ def options_from_namespace(args: argparse.Namespace) -> FeatherOptions | None:
         return None
     _check_scheduler_mode(args)
     own = {opt.name for opt in declared(FeatherOptions)}
-    flag = {opt.name: opt.flag() for opt in FLAGS}.__getitem__
     try:
         admission = build(AdmissionConfig, {k: v for k, v in given.items() if k not in own}, flag)
         return build(FeatherOptions, {k: v for k, v in given.items() if k in own}, flag, admission=admission)
@@ -87,7 +95,7 @@ _UNSUPPORTED = (
 
 
 def _check_scheduler_mode(args: argparse.Namespace) -> None:
-    found = [flag for name, bad, flag in _UNSUPPORTED if bad(getattr(args, name, None))]
+    found = [shown for name, bad, shown in _UNSUPPORTED if bad(getattr(args, name, None))]
     if found:
         raise FeatherOptionsError(
             f"--schedule-policy {FEATHER} runs in SGLang's unified scheduler only; not with {', '.join(found)}"
