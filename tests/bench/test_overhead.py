@@ -12,7 +12,7 @@ from sglang_feather.bench import cht_side, overhead, report
 from sglang_feather.bench.sequence import SequencePlan
 from sglang_feather.bench.timing import TimingConfig
 from sglang_feather.bench.workloads import WORKLOADS, Workload, random_tokens
-from sglang_feather.sglang import bench_baseline
+from sglang_feather.offline import bench_baseline
 
 TINY_TIMING = TimingConfig(repeat=1, min_time_s=0.0, max_samples=1)
 

@@ -7,10 +7,8 @@ from dataclasses import dataclass, field
 
 from conftest import batch, idle_plan, make_allocator, make_req, scheduler_view
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
-from sglang.srt.mem_cache.base_prefix_cache import InsertParams
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
+from sglang_feather.offline.sglang_objects import cache_prompt, make_radix_cache
 from sglang_feather.sglang.policy import FeatherSchedulePolicy
 from sglang_feather.sglang.scheduler_hooks import on_queued, on_step_end
 
@@ -48,14 +46,7 @@ class PassModel:
         chunked_prefill_size: int | None = None,
     ) -> None:
         self.allocator = make_allocator(1 << 22)
-        self.cache = RadixCache(
-            CacheInitParams(
-                disable=False,
-                req_to_token_pool=None,
-                token_to_kv_pool_allocator=self.allocator,
-                page_size=page_size,
-            )
-        )
+        self.cache = make_radix_cache(allocator=self.allocator, page_size=page_size)
         self.policy = FeatherSchedulePolicy(policy_name, self.cache, False, False, False)
         if options is not None:
             self.policy.configure(options)
@@ -148,8 +139,7 @@ class PassModel:
             end = len(ids) // self.page_size * self.page_size
             if end == 0:
                 continue
-            value = self.allocator.alloc(end)
-            self.cache.insert(InsertParams(key=RadixKey(ids[:end]), value=value))
+            cache_prompt(self.cache, ids[:end], self.allocator.alloc(end))
 
 
 def group_requests(num_groups: int, group_size: int, prefix_len: int, suffix_len: int, seed: int):
