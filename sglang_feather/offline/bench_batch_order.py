@@ -21,6 +21,7 @@ from sglang_feather.offline.sglang_objects import (
 from sglang_feather.sglang import batch_order
 from sglang_feather.sglang.options import FeatherOptions
 from sglang_feather.sglang.policy import FeatherSchedulePolicy
+from sglang_feather.workload import SharedPrefixSpec
 
 with quiet_sglang():
     import torch
@@ -32,6 +33,7 @@ with quiet_sglang():
 CHUNK = 16
 NUM_GROUPS = 16
 PREFIX_CHUNKS = 4
+QUESTION_LEN = 8
 """Every prompt: a 64-token group prefix, then 8 private tokens (the shared-prefix serving workloads' shape)."""
 
 
@@ -60,6 +62,14 @@ class _Bench:
     def __init__(self, model_config: ModelConfig, num_rows: int, seed: int) -> None:
         self.model_config = model_config
         self.rng = random.Random(seed)
+        spec = SharedPrefixSpec(
+            num_groups=NUM_GROUPS,
+            num_requests=max(num_rows, NUM_GROUPS),
+            prefix_len=PREFIX_CHUNKS * CHUNK,
+            question_len=QUESTION_LEN,
+            seed=seed,
+        )
+        self.prompts = iter(spec.prompts())
         self.pool = ReqToTokenPool(
             size=num_rows, max_context_len=256, device="cpu", enable_memory_saver=False
         )
@@ -75,10 +85,7 @@ class _Bench:
     def prefill(self, num_reqs: int) -> ScheduleBatch:
         reqs = []
         for _ in range(num_reqs):
-            group = self.rng.randrange(NUM_GROUPS)
-            ids = [1000 + 97 * group + t for t in range(PREFIX_CHUNKS * CHUNK)]
-            ids += [20 + (self.count * 8 + t) % 900 for t in range(8)]
-            req = make_req(f"b{self.count:06d}", ids, max_new_tokens=4096)
+            req = make_req(f"b{self.count:06d}", next(self.prompts), max_new_tokens=4096)
             req.init_next_round_input(self.cache)
             req.extend_end = len(req.full_untruncated_fill_ids)
             reqs.append(req)

@@ -11,6 +11,7 @@ from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 from sglang_feather.offline.sglang_objects import cache_prompt, make_radix_cache
 from sglang_feather.sglang.policy import FeatherSchedulePolicy
 from sglang_feather.sglang.scheduler_hooks import on_queued, on_step_end
+from sglang_feather.workload import SharedPrefixSpec, concat_tokens
 
 # How it works.
 #
@@ -143,13 +144,9 @@ class PassModel:
 
 
 def group_requests(num_groups: int, group_size: int, prefix_len: int, suffix_len: int, seed: int):
-    """Interleaved arrivals of `num_groups` groups that share a `prefix_len`-token prefix each."""
-    import random
-
-    rng = random.Random(seed)
-    order = [(g, i) for g in range(num_groups) for i in range(group_size)]
-    rng.shuffle(order)
-    for n, (g, i) in enumerate(order):
-        prefix = [g * 100_000 + t + 1 for t in range(prefix_len)]
-        suffix = [9_000_000 + n * 1000 + t for t in range(suffix_len)]
-        yield f"g{g}-{i}", prefix + suffix, g, prefix_len
+    """Shuffled arrivals of `num_groups` groups that share a `prefix_len`-token prefix each."""
+    spec = SharedPrefixSpec.per_group(
+        num_groups, group_size, prefix_len=prefix_len, question_len=suffix_len, seed=seed
+    )
+    for req in spec.requests():
+        yield req.rid, concat_tokens(req.segments).tolist(), req.group, prefix_len
