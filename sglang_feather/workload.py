@@ -47,6 +47,17 @@ def concat_tokens(segments: tuple[Segment, ...], *, low: int = 1, high: int = VO
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
 
 
+def zipf_weights(num_ranks: int, alpha: float) -> np.ndarray:
+    """Zipf popularity by rank (rank 1 first): probabilities proportional to rank**-alpha."""
+    weights = 1.0 / np.arange(1, num_ranks + 1) ** alpha
+    return weights / weights.sum()
+
+
+def poisson_arrivals(rng: np.random.Generator, num_arrivals: int, rate: float) -> np.ndarray:
+    """Arrival times (s) of a Poisson process at `rate` per second, starting after one gap."""
+    return np.cumsum(rng.exponential(1.0 / rate, size=num_arrivals))
+
+
 def _uniform_sizes(num_requests: int, num_groups: int, zipf_alpha: float) -> np.ndarray:
     sizes = np.full(num_groups, num_requests // num_groups, dtype=np.int64)
     sizes[: num_requests % num_groups] += 1
@@ -54,8 +65,7 @@ def _uniform_sizes(num_requests: int, num_groups: int, zipf_alpha: float) -> np.
 
 
 def _zipf_sizes(num_requests: int, num_groups: int, zipf_alpha: float) -> np.ndarray:
-    weights = 1.0 / np.arange(1, num_groups + 1) ** zipf_alpha
-    sizes = np.maximum(1, np.floor(weights / weights.sum() * num_requests)).astype(np.int64)
+    sizes = np.maximum(1, np.floor(zipf_weights(num_groups, zipf_alpha) * num_requests)).astype(np.int64)
     sizes[0] += num_requests - sizes.sum()
     return sizes
 
@@ -182,7 +192,7 @@ class SharedPrefixSpec:
             rest.extend(turns[1:])
         firsts = [firsts[i] for i in ORDERS[self.order](groups, members, rng)]
         if self.rate is not None:
-            times = np.cumsum(rng.exponential(1.0 / self.rate, size=len(firsts)))
+            times = poisson_arrivals(rng, len(firsts), self.rate)
             firsts = [replace(r, arrival_s=float(t)) for r, t in zip(firsts, times, strict=True)]
         return firsts + rest
 

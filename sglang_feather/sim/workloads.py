@@ -8,7 +8,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from sglang_feather.sim.trace import SimRequest
-from sglang_feather.workload import Segment, SharedPrefixSpec, WorkloadRequest
+from sglang_feather.workload import (
+    Segment,
+    SharedPrefixSpec,
+    WorkloadRequest,
+    poisson_arrivals,
+    zipf_weights,
+)
 
 
 @dataclass(frozen=True)
@@ -40,8 +46,8 @@ def _order(reqs: list[SimRequest], cfg: WorkloadConfig, rng: np.random.Generator
         reqs = [reqs[i] for i in rng.permutation(len(reqs))]
     if cfg.rate is None:
         return reqs
-    gaps = rng.exponential(1.0 / cfg.rate, size=len(reqs))
-    return [replace(r, arrival_s=float(t)) for r, t in zip(reqs, np.cumsum(gaps), strict=True)]
+    times = poisson_arrivals(rng, len(reqs), cfg.rate)
+    return [replace(r, arrival_s=float(t)) for r, t in zip(reqs, times, strict=True)]
 
 
 def _shared_prefix_spec(cfg: WorkloadConfig, **overrides) -> SharedPrefixSpec:
@@ -126,8 +132,7 @@ def rag(cfg: WorkloadConfig) -> list[SimRequest]:
     rng = np.random.default_rng(cfg.seed)
     lo, hi = cfg.doc_len_range
     lengths = rng.integers(lo, hi + 1, size=cfg.num_docs)
-    weights = 1.0 / np.arange(1, cfg.num_docs + 1) ** cfg.zipf_alpha
-    docs = rng.choice(cfg.num_docs, size=cfg.num_requests, p=weights / weights.sum())
+    docs = rng.choice(cfg.num_docs, size=cfg.num_requests, p=zipf_weights(cfg.num_docs, cfg.zipf_alpha))
     reqs = []
     for i, d in enumerate(docs):
         segs = (
