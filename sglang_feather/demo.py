@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sglang_feather.serving import BenchConfig, ServerSpec, Workload, format_table, run_policies
 from sglang_feather.serving.process import exit_on_sigterm
+from sglang_feather.workload import SharedPrefixSpec
 
 DEFAULT_MODEL = "models/tiny-llama"
 FEATHER = "feather"
@@ -58,14 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_sigterm()
     check_model(args.model)
     device = pick_device(args.device)
-    workload = Workload(
-        name=f"gsp-{args.groups}x{args.prompts_per_group}-{args.system_prompt_len}",
-        num_groups=args.groups,
-        prompts_per_group=args.prompts_per_group,
-        system_prompt_len=args.system_prompt_len,
+    spec = SharedPrefixSpec.per_group(
+        args.groups,
+        args.prompts_per_group,
+        prefix_len=args.system_prompt_len,
         question_len=args.question_len,
         output_len=args.output_len,
     )
+    workload = Workload(f"gsp-{args.groups}x{args.prompts_per_group}-{args.system_prompt_len}", spec)
     config = BenchConfig(max_concurrency=args.max_concurrency)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     print(

@@ -123,7 +123,7 @@ def test_sglang_token_budget_still_refuses_and_nothing_is_learned_from_it():
 
 
 def test_kv_budget_refusal_withdraws_the_proposal():
-    allocator = make_allocator(size=70)
+    allocator = make_allocator(num_tokens=70)
     cache = make_cache(allocator)
     policy = feather_policy(
         cache, FeatherOptions(AdmissionConfig(chunk_size=16, defer_uncached_prefix=False, stopper="always"))
