@@ -19,6 +19,7 @@ import torch  # noqa: E402
 from sglang.srt.managers import schedule_policy  # noqa: E402
 from sglang.srt.managers.schedule_batch import Req  # noqa: E402
 from sglang.srt.managers.schedule_policy import SchedulePolicy  # noqa: E402
+from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.base_prefix_cache import InsertParams  # noqa: E402
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
@@ -61,7 +62,7 @@ def prepare() -> dict[str, str]:
 
     if not get_context().is_config_namespace_published("disagg"):
         publish(
-            _server_args(),
+            server_args(),
             role="test",
             ranks=SpawnRanks(world_rank=0, dp_rank=None),
         )
@@ -69,7 +70,8 @@ def prepare() -> dict[str, str]:
     return {"sglang": sglang.__version__, "torch": torch.__version__}
 
 
-def _server_args():
+def server_args():
+    """The CPU server's defaults that the published config and the benchmarks use."""
     from sglang.srt.server_args import ServerArgs
 
     return ServerArgs(model_path="dummy", device="cpu")
@@ -77,17 +79,23 @@ def _server_args():
 
 def prefill_token_budget() -> int:
     """SGLang's default `--max-prefill-tokens`: the new (uncached) tokens one prefill pass may take."""
-    return _server_args().max_prefill_tokens
+    return server_args().max_prefill_tokens
 
 
 def prefix_match_cap() -> int:
     return schedule_policy.WAITING_QUEUE_PREFIX_MATCH_MAX
 
 
-def make_cache(cached: Iterable[array]) -> RadixCache:
-    """A real RadixCache on CPU (no pools: the least its constructor needs), holding `cached`."""
+def make_cache(cached: Iterable[array], allocator_size: int | None = None) -> RadixCache:
+    """A real RadixCache on CPU holding `cached`: no pools (the least its constructor needs), or a token
+    allocator of `allocator_size` slots for a `PrefillAdder` to budget against."""
+    allocator = None
+    if allocator_size is not None:
+        allocator = TokenToKVPoolAllocator(allocator_size, torch.float16, "cpu", None, False)
     cache = RadixCache(
-        CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=None, page_size=1)
+        CacheInitParams(
+            disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=allocator, page_size=1
+        )
     )
     for token_ids in cached:
         cache_prompt(cache, token_ids)
