@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sglang_feather.admission import AdmissionConfig
 from sglang_feather.bench.timing import frozen_heap, gc_disabled
 from sglang_feather.bench.workloads import ZipfGroups
 from sglang_feather.sglang.adapter_harness import AdapterHarness, PassResult, make_req
@@ -82,7 +83,9 @@ def _restore(harness: AdapterHarness, result: PassResult, queue: list) -> None:
 
 
 def _build(policy: str, running_prompts, waiting_prompts, stopper: str) -> tuple[AdapterHarness, float]:
-    harness = AdapterHarness(policy, options=FeatherOptions(stopper=stopper), cached=tuple(running_prompts))
+    harness = AdapterHarness(
+        policy, options=FeatherOptions(AdmissionConfig(stopper=stopper)), cached=tuple(running_prompts)
+    )
     harness.running.extend(make_req(f"r{i}", prompt) for i, prompt in enumerate(running_prompts))
     if harness.is_feather:
         harness.runtime.mirror.sync([], harness.running, complete=True)

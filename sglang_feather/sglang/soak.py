@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sglang_feather.admission import AdmissionConfig
 from sglang_feather.bench.workloads import ZipfGroups
 from sglang_feather.sglang.adapter_harness import AdapterHarness, make_req
 from sglang_feather.sglang.options import FEATHER, FeatherOptions
@@ -106,7 +107,7 @@ class _Soak:
         )
         self.groups = ZipfGroups.build(self.rng, self.rng.permutation(prefix_lens).tolist())
         self.harness = AdapterHarness(
-            FEATHER, options=FeatherOptions(stopper=cfg.stopper), cached=self.groups.prefixes
+            FEATHER, options=FeatherOptions(AdmissionConfig(stopper=cfg.stopper)), cached=self.groups.prefixes
         )
         self.result = SoakResult(cfg)
         self.num_arrived = 0
