@@ -199,6 +199,8 @@ def test_patched_sglang_orders_and_admits_like_the_plugin(probes):
     )
     assert patched["order"] == plugin["order"]
     assert patched["admitted"] == plugin["admitted"]
+    assert patched["tracked"] == plugin["tracked"]
+    assert "late1" in patched["tracked"] and "late0" not in patched["tracked"], "queue events reach Feather"
     groups = [rid.split("-")[1] for rid in patched["admitted"]]
     assert sorted(set(groups)) == ["g0", "g1", "g2"] and len(groups) == 3, "one leader per cold group"
 
