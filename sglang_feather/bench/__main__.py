@@ -1,4 +1,4 @@
-"""Command line: `python -m sglang_feather.bench {overhead,chunk-size} [options]`."""
+"""Command line: `python -m sglang_feather.bench {overhead,chunk-size,adapter,soak} [options]`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import sys
 SUBCOMMANDS = {
     "overhead": "sglang_feather.bench.overhead",
     "chunk-size": "sglang_feather.bench.chunk_size",
+    "adapter": "sglang_feather.bench.adapter",
+    "soak": "sglang_feather.bench.soak",
 }
 """Subcommand -> module providing `add_arguments(parser)` and `main(args) -> int` (its docstring is the help)."""
 

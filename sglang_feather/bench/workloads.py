@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from sglang_feather.workload import SharedPrefixSpec
+from sglang_feather.workload import SharedPrefixSpec, zipf_weights
 
 NUM_GROUPS = 8
 MAX_SHARED_PREFIX = 4096
@@ -125,3 +125,36 @@ def build_workload(name: str, num_requests: int, prompt_len: int, seed: int = 0)
     if num_requests < 1 or prompt_len < 4:
         raise ValueError(f"need num_requests >= 1 and prompt_len >= 4, got {num_requests}, {prompt_len}")
     return WORKLOADS[name](seed, num_requests, prompt_len)
+
+
+@dataclass(frozen=True)
+class ZipfGroups:
+    """Prompts drawn from prefix groups with Zipf popularity (the SGLang adapter benchmarks and soak).
+
+    Group g (the g-th most popular) shares the tokens `prefixes[g]`; every prompt then has a private suffix.
+    """
+
+    prefixes: tuple[array, ...]
+    weights: np.ndarray
+
+    @classmethod
+    def build(cls, rng: np.random.Generator, prefix_lens: Sequence[int], alpha: float = 1.0) -> ZipfGroups:
+        """One group per entry of `prefix_lens` (its prefix length), most popular first."""
+        return cls(tuple(random_tokens(rng, n) for n in prefix_lens), zipf_weights(len(prefix_lens), alpha))
+
+    def groups(self, rng: np.random.Generator, num_prompts: int) -> np.ndarray:
+        return rng.choice(len(self.prefixes), size=num_prompts, p=self.weights)
+
+    def prompt(self, rng: np.random.Generator, group: int, prompt_len: int) -> array:
+        """`prompt_len` tokens: the group prefix (cut to 5/8 of the prompt when longer), then private ones."""
+        prefix = self.prefixes[group][: prompt_len * 5 // 8]
+        return prefix + random_tokens(rng, prompt_len - len(prefix))
+
+    def extend(self, rng: np.random.Generator, group: int, suffix_len: int) -> array:
+        """The whole group prefix, then `suffix_len` private tokens."""
+        return self.prefixes[group] + random_tokens(rng, suffix_len)
+
+
+def random_tokens(rng: np.random.Generator, num_tokens: int) -> array:
+    """Private tokens (never shared by chance: drawn from a 2**31 range), as SGLang's `array('q')`."""
+    return array("q", rng.integers(1, 2**31, size=num_tokens).tolist())

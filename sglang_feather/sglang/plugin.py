@@ -112,13 +112,9 @@ def _after_from_cli_args(server_args: Any, _cls: type, args: Any) -> None:
 
 
 def _after_init_schedule_policy(_result: None, scheduler: Any) -> None:
-    from sglang_feather.sglang.scheduler_hooks import on_policy_created
+    from sglang_feather.sglang.scheduler_hooks import on_init_schedule_policy
 
-    on_policy_created(scheduler)
-    from sglang_feather.sglang.batch_order import attach
-    from sglang_feather.sglang.options import options_of
-
-    attach(scheduler, options_of(scheduler.server_args).batch_order)
+    on_init_schedule_policy(scheduler)
 
 
 def _after_get_prefill_adder_class(base: type, scheduler: Any) -> type:

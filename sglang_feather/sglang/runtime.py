@@ -65,6 +65,8 @@ class FeatherRuntime:
         self._fcfs_pass = False
         self._needs_rebuild = False
         self._step_s = 0.0
+        self.last_step_s = 0.0
+        """Feather's seconds in the last scheduler step, end-of-step hook included (`feather_pass_seconds`)."""
         self._last_save = clock()
         self._last_check = clock()
         self._saved_windows = 0
@@ -224,6 +226,7 @@ class FeatherRuntime:
         except Exception:
             self._failed("step end", [])
         self._step_s += time.perf_counter() - t0
+        self.last_step_s = self._step_s
         if self.metrics is not None:
             self.metrics.tracked(self.tree.num_waiting, self.tree.num_active)
             self.metrics.scheduler_step(self._step_s)

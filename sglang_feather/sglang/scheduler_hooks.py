@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sglang_feather.sglang import batch_order
 from sglang_feather.sglang.metrics import FeatherMetrics
 from sglang_feather.sglang.options import options_of, state_tag
 from sglang_feather.sglang.runtime import runtime_for_cache
@@ -34,6 +35,12 @@ def on_policy_created(scheduler: Any) -> None:
         "on" if scheduler.policy.feather.config.defer_uncached_prefix else "off",
         "on" if metrics is not None else "off",
     )
+
+
+def on_init_schedule_policy(scheduler: Any) -> None:
+    """After `Scheduler.init_schedule_policy`: the options and metrics, then the running batch's order."""
+    on_policy_created(scheduler)
+    batch_order.attach(scheduler, options_of(scheduler.server_args).batch_order)
 
 
 def prefill_adder_class(scheduler: Any, base: type) -> type:

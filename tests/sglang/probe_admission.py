@@ -3,8 +3,8 @@
 Run as `python probe_admission.py POLICY[,POLICY...] [FEATHER-FLAG...]`; prints one JSON line mapping each
 policy to its result, or to {"error": ...} when the launcher's argument parsing rejects it.
 It goes through SGLang's own entry points: `load_plugins()`, `prepare_server_args`, the Scheduler's
-`init_schedule_policy` / `get_prefill_adder_class` (called on a stand-in object holding only the attributes
-they read; no model, no GPU), a real RadixCache, token allocator, ScheduleBatch and Req objects.
+`init_schedule_policy` / `get_prefill_adder_class` / `_add_request_to_queue` / `_release_aborted_request`
+(called on a stand-in object holding only the attributes they read; no model, no GPU), a real RadixCache, token allocator, ScheduleBatch and Req objects.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ def main(argv: list[str]) -> None:
 
 
 def probe(argv: list[str]) -> dict:
+    from sglang.srt.disaggregation.utils import DisaggregationMode
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.managers.schedule_policy import AddReqResult
     from sglang.srt.managers.scheduler import Scheduler
@@ -48,6 +49,12 @@ def probe(argv: list[str]) -> dict:
     allocator = make_allocator(8192)
     cache = make_radix_cache(allocator=allocator)
     scheduler = SimpleNamespace(
+        waiting_queue=[],
+        disaggregation_mode=DisaggregationMode.NULL,
+        processed_tokens_counter=0,
+        _set_or_validate_priority=lambda req: True,
+        _abort_on_queued_limit=lambda req: False,
+        _prefetch_kvcache=lambda req: None,
         schedule_policy=server_args.schedule_policy,
         server_args=server_args,
         tree_cache=cache,
@@ -79,8 +86,15 @@ def probe(argv: list[str]) -> dict:
             is not AddReqResult.CONTINUE
         ):
             break
+    # SGLang's own queue events: two arrivals through `_add_request_to_queue`, then one of them aborted.
+    late = [make_req(f"late{i}", [90_000 + i] * 40, max_new_tokens=8) for i in range(2)]
+    for req in late:
+        Scheduler._add_request_to_queue(scheduler, req)
+    scheduler.waiting_queue.remove(late[0])
+    Scheduler._release_aborted_request(scheduler, late[0])
     feather = getattr(scheduler.policy, "feather", None)
     return {
+        "tracked": sorted(feather.mirror.tracked()) if feather is not None else None,
         "policy_class": type(scheduler.policy).__name__,
         "adder_class": adder_cls.__name__,
         "options": repr(feather.options) if feather is not None else None,

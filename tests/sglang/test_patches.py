@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import ast
 import filecmp
+import inspect
 import json
 import os
+import pkgutil
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -22,6 +26,7 @@ from sglang_feather.patches import (
     status,
     touched_files,
 )
+from sglang_feather.sglang import plugin
 
 PROBE = Path(__file__).with_name("probe_admission.py")
 PROBE_ARGS = ["feather,lpm,fcfs", "--feather-chunk-size", "32", "--feather-stopper", "static"]
@@ -71,11 +76,13 @@ def patched_root(tmp_path_factory) -> Path:
     return root
 
 
-def test_patch_set_touches_only_three_files_and_calls_into_sglang_feather():
+def test_patch_set_touches_only_five_files_and_calls_into_sglang_feather():
     assert touched_files() == [
         "sglang/srt/arg_groups/fields/schedule.py",
         "sglang/srt/server_args.py",
         "sglang/srt/managers/scheduler.py",
+        "sglang/srt/mem_cache/common.py",
+        "sglang/srt/managers/schedule_batch.py",
     ]
     added = [
         line
@@ -83,8 +90,50 @@ def test_patch_set_touches_only_three_files_and_calls_into_sglang_feather():
         for line in patch.read_text().splitlines()
         if line.startswith("+") and not line.startswith("+++")
     ]
-    assert len(added) < 40, "the patch set should stay a thin set of calls into sglang_feather"
-    assert sum("sglang_feather" in line for line in added) >= 5
+    assert len(added) < 50, "the patch set should stay a thin set of calls into sglang_feather"
+    assert sum("sglang_feather" in line for line in added) >= 9
+
+
+def _feather_imports(tree: ast.AST, *, guarded: bool) -> set[str]:
+    """Names imported from sglang_feather under `tree`; with `guarded`, only inside an `if` that tests for
+    the `feather` policy."""
+    scopes = [tree]
+    if guarded:
+        scopes = [
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "'feather'" in ast.unparse(node.test)
+        ]
+    return {
+        alias.name
+        for scope in scopes
+        for node in ast.walk(scope)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sglang_feather")
+        for alias in node.names
+    }
+
+
+def _patched_function(root: Path, target: str) -> ast.AST:
+    obj = pkgutil.resolve_name(target)
+    module = ast.parse((root / (obj.__module__.replace(".", "/") + ".py")).read_text())
+    scope: ast.AST = module
+    for name in obj.__qualname__.split("."):
+        scope = next(
+            node
+            for node in ast.iter_child_nodes(scope)
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name == name
+        )
+    return scope
+
+
+@pytest.mark.parametrize("target", [t for t in plugin.HOOKS if not t.startswith(plugin.SERVER_ARGS)])
+def test_patched_sglang_calls_what_the_plugin_hook_calls(patched_root, target):
+    """Every scheduler hook the plugin registers has its call in the patch set, behind the feather guard
+    (the `ServerArgs` hooks are patch 0002, checked by the probes below)."""
+    hook = plugin.HOOKS[target][0]
+    wanted = _feather_imports(ast.parse(textwrap.dedent(inspect.getsource(hook))), guarded=False)
+    assert wanted, f"the plugin's hook for {target} calls nothing in sglang_feather"
+    assert wanted <= _feather_imports(_patched_function(patched_root, target), guarded=True)
 
 
 def test_installed_sglang_is_pristine():
@@ -150,6 +199,8 @@ def test_patched_sglang_orders_and_admits_like_the_plugin(probes):
     )
     assert patched["order"] == plugin["order"]
     assert patched["admitted"] == plugin["admitted"]
+    assert patched["tracked"] == plugin["tracked"]
+    assert "late1" in patched["tracked"] and "late0" not in patched["tracked"], "queue events reach Feather"
     groups = [rid.split("-")[1] for rid in patched["admitted"]]
     assert sorted(set(groups)) == ["g0", "g1", "g2"] and len(groups) == 3, "one leader per cold group"
 

@@ -1,0 +1,166 @@
+"""`bench adapter`: a whole scheduling pass and a decode step through Feather's SGLang plugin, next to dfs-weight."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from sglang_feather.bench.cli_types import int_list
+from sglang_feather.cht import backend_name
+
+ENGINE_SIDE = "sglang_feather.offline.bench_adapter"
+"""Imported lazily: the benchmark needs SGLang, the bench package does not."""
+
+PASS_DEFINITION = (
+    "pass = calc_priority(waiting_queue, running_batch), then the real PrefillAdder (Feather's subclass for "
+    "feather) walking the waiting list until it stops, the waiting list rebuilt without the admitted "
+    "requests, and (feather) the plugin's get_next_batch_to_run hook; from the queue in arrival order, "
+    "restored untimed after every sample. Feather adapter = Feather's own seconds inside that pass "
+    "(FeatherRuntime.last_step_s = the feather_pass_seconds metric). Decode step = the plugin's "
+    "get_next_batch_to_run hook on a decode plan of the running batch (mean of a block of calls per sample)"
+)
+
+
+def run(
+    queue_sizes,
+    prompt_lens,
+    running_sizes,
+    repeat: int,
+    decode_block: int,
+    seed: int,
+    stopper: str | None = None,
+    progress=None,
+) -> dict:
+    engine = importlib.import_module(ENGINE_SIDE)
+    import sglang
+    import torch
+
+    stopper = stopper or engine.STOPPER
+    started = time.time()
+    load_before = os.getloadavg()
+    cells = []
+    for num_waiting in queue_sizes:
+        for prompt_len in prompt_lens:
+            for num_running in running_sizes:
+                t0 = time.perf_counter()
+                cell = engine.measure_cell(
+                    num_waiting,
+                    prompt_len,
+                    num_running,
+                    repeat=repeat,
+                    decode_block=decode_block,
+                    seed=seed,
+                    stopper=stopper,
+                )
+                cells.append(
+                    {
+                        **asdict(cell),
+                        "calc_priority_ratio": cell.calc_priority_ratio,
+                        "pass_ratio": cell.pass_ratio,
+                    }
+                )
+                print(
+                    f"[adapter] W={num_waiting} L={prompt_len} R={num_running}: "
+                    f"{time.perf_counter() - t0:.1f} s",
+                    file=progress or sys.stderr,
+                    flush=True,
+                )
+    meta = {
+        "versions": {
+            "sglang": sglang.__version__,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+        "cpu_count": os.cpu_count(),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "wall_s": time.time() - started,
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "baseline": engine.BASELINE,
+        "workload": f"{engine.NUM_GROUPS} groups, Zipf({engine.ZIPF_ALPHA}) popularity, 5L/8-token shared "
+        "prefixes; the running prompts are in the RadixCache",
+        "pass": PASS_DEFINITION,
+        "repeat": repeat,
+        "decode_block": decode_block,
+        "seed": seed,
+        "stopper": stopper,
+        "cht_backend": backend_name(),
+    }
+    return {"meta": meta, "cells": cells}
+
+
+def _spread(value: dict, scale: float, digits: int) -> str:
+    return (
+        f"{value['median'] * scale:.{digits}f} "
+        f"[{value['min'] * scale:.{digits}f}–{value['max'] * scale:.{digits}f}]"
+    )
+
+
+def markdown(result: dict) -> str:
+    meta = result["meta"]
+    versions = meta["versions"]
+    lines = [
+        f"SGLang {versions['sglang']}, torch {versions['torch']}, Python {versions['python']}, "
+        f"{meta['cpu_count']} CPUs, load average {meta['loadavg_before'][0]:.2f} before / "
+        f"{meta['loadavg_after'][0]:.2f} after, CHT core {meta['cht_backend']}, stopper {meta['stopper']}, "
+        f"{meta['repeat']} samples "
+        f"per side, run took {meta['wall_s']:.0f} s.",
+        f"Workload: {meta['workload']}.",
+        f"Pass: {meta['pass']}.",
+        "",
+        "| W | prompt | running | dfs-weight calc_priority ms | dfs-weight pass ms | Feather pass ms "
+        "| Feather adapter µs | calc_priority / adapter | pass / pass | admitted dfs / Feather "
+        "| decode step µs | self-check ms | arrival µs |",
+        "|---:|---:|---:|---|---|---|---|---:|---:|---:|---|---|---:|",
+    ]
+    for c in result["cells"]:
+        lines.append(
+            f"| {c['num_waiting']} | {c['prompt_len']} | {c['num_running']} "
+            f"| {_spread(c['baseline_calc_priority_s'], 1e3, 2)} | {_spread(c['baseline_pass_s'], 1e3, 2)} "
+            f"| {_spread(c['feather_pass_s'], 1e3, 2)} | {_spread(c['feather_adapter_s'], 1e6, 1)} "
+            f"| {c['calc_priority_ratio']:,.0f}× | {c['pass_ratio']:,.1f}× "
+            f"| {c['baseline_admitted']} / {c['feather_admitted']} "
+            f"| {_spread(c['decode_step_s'], 1e6, 1)} | {_spread(c['self_check_s'], 1e3, 2)} "
+            f"| {c['arrive_s'] * 1e6:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--queue-sizes", type=int_list, default=(100, 2000, 5000), help="comma list of W")
+    parser.add_argument(
+        "--prompt-lens", type=int_list, default=(1024, 10240), help="comma list of prompt tokens"
+    )
+    parser.add_argument(
+        "--running", type=int_list, default=(256, 512), help="comma list of running batch sizes"
+    )
+    parser.add_argument("--repeat", type=int, default=7, help="pass samples per side and cell (default 7)")
+    parser.add_argument("--decode-block", type=int, default=200, help="decode-step hook calls per sample")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stopper", help="Feather's stopper (default static: see bench_adapter.STOPPER)")
+    parser.add_argument("--json", type=Path, help="also write every number to this JSON file")
+
+
+def main(args: argparse.Namespace) -> int:
+    result = run(
+        args.queue_sizes,
+        args.prompt_lens,
+        args.running,
+        args.repeat,
+        args.decode_block,
+        args.seed,
+        args.stopper,
+    )
+    print(markdown(result))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0

@@ -1,0 +1,153 @@
+"""Feather's shipped SGLang path against SGLang's dfs-weight, pass by pass, on real CPU objects (benchmark side)."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from sglang_feather.admission import AdmissionConfig
+from sglang_feather.bench.timing import frozen_heap, gc_disabled
+from sglang_feather.bench.workloads import ZipfGroups
+from sglang_feather.offline.adapter_harness import AdapterHarness, PassResult, make_req
+from sglang_feather.sglang.options import FEATHER, FeatherOptions
+
+# How it works. One cell: W waiting requests and R running ones, prompts of L tokens from 64 Zipf-popular
+# groups sharing 5L/8-token prefixes. Each side gets its own `AdapterHarness` (real `Req`, `RadixCache`,
+# `PrefillAdder`, SGLang's waiting list and running `ScheduleBatch`) with the running prompts already in the
+# prefix cache: SGLang's `dfs-weight`, and `feather` driven through the plugin's hook functions (running
+# requests tracked as admitted, the W requests arrived through `_add_request_to_queue`). A sample is one
+# prefill pass from the queue in arrival order; the sides alternate sample by sample; after each sample the
+# queue is restored untimed (the admitted requests go back to the waiting list; for Feather through the same
+# retraction event SGLang raises), so every sample sees the same queue. A decode-step sample is the mean of
+# `decode_block` calls of Feather's end-of-step hook on a decode plan of the R running requests.
+
+BASELINE = "dfs-weight"
+STOPPER = "static"
+"""The paper's fixed thresholds: a learning stopper (`ucb`) rewarded by this model-free loop's meaningless
+decode rates soon stops at the first candidate, and a pass that admits nothing is no comparison."""
+NUM_GROUPS = 64
+ZIPF_ALPHA = 1.0
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, values: list[float]) -> Spread:
+        return cls(statistics.median(values), min(values), max(values))
+
+
+@dataclass(frozen=True)
+class AdapterCell:
+    num_waiting: int
+    prompt_len: int
+    num_running: int
+    num_samples: int
+    baseline_calc_priority_s: Spread
+    baseline_pass_s: Spread
+    feather_pass_s: Spread
+    """Whole Feather pass: calc_priority (begin_pass), the adder loop with SGLang's own budget checks, the queue
+    update and the end-of-step hook."""
+    feather_adapter_s: Spread
+    """Feather's own share of that pass (what `feather_pass_seconds` reports)."""
+    feather_calc_priority_s: Spread
+    decode_step_s: Spread
+    self_check_s: Spread
+    """One full reconcile (`SELF_CHECK_INTERVAL_S` apart in serving)."""
+    arrive_s: float
+    """Mean `_add_request_to_queue` hook per arrival (hashing the prompt and inserting it into the CHT)."""
+    baseline_admitted: int
+    feather_admitted: int
+
+    @property
+    def calc_priority_ratio(self) -> float:
+        return self.baseline_calc_priority_s.median / self.feather_adapter_s.median
+
+    @property
+    def pass_ratio(self) -> float:
+        return self.baseline_pass_s.median / self.feather_pass_s.median
+
+
+def _restore(harness: AdapterHarness, result: PassResult, queue: list) -> None:
+    harness.scheduler.waiting_queue = list(queue)
+    if harness.is_feather:
+        for req in result.admitted:
+            harness.runtime.mirror.queued(req)
+
+
+def _build(policy: str, running_prompts, waiting_prompts, stopper: str) -> tuple[AdapterHarness, float]:
+    harness = AdapterHarness(
+        policy, options=FeatherOptions(AdmissionConfig(stopper=stopper)), cached=tuple(running_prompts)
+    )
+    harness.running.extend(make_req(f"r{i}", prompt) for i, prompt in enumerate(running_prompts))
+    if harness.is_feather:
+        harness.runtime.mirror.sync([], harness.running, complete=True)
+    t0 = time.perf_counter()
+    for i, prompt in enumerate(waiting_prompts):
+        harness.arrive(make_req(str(i), prompt))
+    return harness, (time.perf_counter() - t0) / max(len(waiting_prompts), 1)
+
+
+def measure_cell(
+    num_waiting: int,
+    prompt_len: int,
+    num_running: int,
+    *,
+    repeat: int = 7,
+    decode_block: int = 200,
+    seed: int = 0,
+    stopper: str = STOPPER,
+) -> AdapterCell:
+    rng = np.random.default_rng(seed)
+    groups = ZipfGroups.build(rng, [prompt_len * 5 // 8] * NUM_GROUPS, ZIPF_ALPHA)
+    running_prompts = [groups.prompt(rng, g, prompt_len) for g in groups.groups(rng, num_running)]
+    waiting_prompts = [groups.prompt(rng, g, prompt_len) for g in groups.groups(rng, num_waiting)]
+    feather, arrive_s = _build(FEATHER, running_prompts, waiting_prompts, stopper)
+    baseline, _ = _build(BASELINE, running_prompts, waiting_prompts, stopper)
+    del running_prompts, waiting_prompts
+    sides = {FEATHER: feather, BASELINE: baseline}
+    queues = {name: list(h.waiting) for name, h in sides.items()}
+    results: dict[str, list[PassResult]] = {name: [] for name in sides}
+    decode_s: list[float] = []
+    check_s: list[float] = []
+    with frozen_heap():
+        for name, harness in sides.items():  # warm-up: radix node splits, Feather's first end-of-step
+            _restore(harness, harness.prefill_pass(), queues[name])
+        for i in range(repeat):
+            order = list(sides) if i % 2 == 0 else list(reversed(sides))
+            for name in order:
+                harness = sides[name]
+                gc.collect()
+                with gc_disabled():
+                    result = harness.prefill_pass()
+                results[name].append(result)
+                _restore(harness, result, queues[name])
+            gc.collect()
+            with gc_disabled():
+                decode_s.append(sum(feather.step_end_hook() for _ in range(decode_block)) / decode_block)
+                check_s.append(feather.self_check())
+    feather.close()
+    fr, br = results[FEATHER], results[BASELINE]
+    return AdapterCell(
+        num_waiting=num_waiting,
+        prompt_len=prompt_len,
+        num_running=num_running,
+        num_samples=repeat,
+        baseline_calc_priority_s=Spread.of([r.calc_priority_s for r in br]),
+        baseline_pass_s=Spread.of([r.pass_s for r in br]),
+        feather_pass_s=Spread.of([r.pass_s for r in fr]),
+        feather_adapter_s=Spread.of([r.adapter_s for r in fr]),
+        feather_calc_priority_s=Spread.of([r.calc_priority_s for r in fr]),
+        decode_step_s=Spread.of(decode_s),
+        self_check_s=Spread.of(check_s),
+        arrive_s=arrive_s,
+        baseline_admitted=round(statistics.median(len(r.admitted) for r in br)),
+        feather_admitted=round(statistics.median(len(r.admitted) for r in fr)),
+    )

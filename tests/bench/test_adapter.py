@@ -1,0 +1,34 @@
+"""Smoke test of `bench adapter` on real SGLang 0.5.23 objects (timings are never asserted)."""
+
+from __future__ import annotations
+
+import json
+
+from sglang_feather.bench import __main__ as cli
+from sglang_feather.bench import adapter
+
+
+def test_tiny_run_measures_both_sides_through_the_plugin(tmp_path):
+    out = tmp_path / "adapter.json"
+    args = cli.build_parser().parse_args(
+        ["adapter", "--queue-sizes", "12", "--prompt-lens", "256", "--running", "4,8", "--repeat", "2"]
+        + ["--decode-block", "3", "--json", str(out)]
+    )
+    assert args.main(args) == 0
+    result = json.loads(out.read_text())
+    cells = result["cells"]
+    assert [(c["num_waiting"], c["prompt_len"], c["num_running"]) for c in cells] == [
+        (12, 256, 4),
+        (12, 256, 8),
+    ]
+    for c in cells:
+        assert c["num_samples"] == 2
+        # Both sides admit under SGLang's budgets; Feather's own share is part of its whole pass.
+        assert c["baseline_admitted"] > 0 and c["feather_admitted"] > 0
+        assert 0 < c["feather_adapter_s"]["median"] <= c["feather_pass_s"]["max"]
+        assert c["baseline_calc_priority_s"]["median"] <= c["baseline_pass_s"]["max"]
+        for key in ("decode_step_s", "self_check_s"):
+            assert 0 < c[key]["min"] <= c[key]["median"] <= c[key]["max"]
+        assert c["calc_priority_ratio"] > 0 and c["pass_ratio"] > 0
+    table = adapter.markdown(result).splitlines()
+    assert sum(line.startswith("| 12 | 256 |") for line in table) == 2
