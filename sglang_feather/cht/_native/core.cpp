@@ -482,31 +482,68 @@ class Core {
 
     std::vector<uint32_t> suspended() const { return suspended_; }
 
-    // best(): the handle and its description, or None.
-    nb::object best() {
-        uint32_t h = pop_sharing();
-        if (h == NIL) h = pop_stranger();
-        if (h == NIL) return nb::none();
-        return describe(h);
-    }
-
-    // The wrapper's handle -> request id list and the `Candidate` class, so that `best_candidate` and
-    // `candidate` build the result object here (what the frozen dataclass's own __init__ does, through
-    // object.__setattr__, without a Python frame).
-    void bind(nb::list ids, nb::handle candidate_cls) {
+    // The wrapper's id maps (request id -> handle dict, handle -> request id list), the `Candidate` class and
+    // the error classes, so that the per-step calls (best, activate, finish, ...) run here with no Python
+    // frame: they look the id up, build the `Candidate` (what the frozen dataclass's own __init__ does,
+    // through object.__setattr__) and raise the same exceptions as the Python core.
+    void bind(nb::dict handles, nb::list ids, nb::handle candidate_cls, nb::handle unknown, nb::handle transition) {
+        handles_ = handles;
         ids_ = ids;
         candidate_cls_ = nb::borrow(candidate_cls);
+        unknown_error_ = nb::borrow(unknown);
+        transition_error_ = nb::borrow(transition);
         static const char* names[] = {"request_id", "num_chunks", "num_missing", "depth_before", "depth_after",
                                       "num_sharing"};
         for (int i = 0; i < 6; ++i) field_names_[i] = nb::steal(PyUnicode_InternFromString(names[i]));
     }
 
-    nb::object best_candidate() {
-        uint32_t h = pop_sharing();
-        if (h == NIL) h = pop_stranger();
-        if (h == NIL) return nb::none();
+    // best(): the next waiting request's `Candidate`, or None; cached until the next mutation.
+    nb::object best() {
+        if (!best_valid_) {
+            uint32_t h = pop_sharing();
+            if (h == NIL) h = pop_stranger();
+            best_cache_ = h == NIL ? nb::none() : candidate(h);
+            best_valid_ = true;
+        }
+        return best_cache_;
+    }
+
+    nb::object candidate_of(nb::handle rid) {
+        uint32_t h = handle_of(rid);
+        if (reqs_[h].state != WAITING) raise_state(rid, h, nullptr);
         return candidate(h);
     }
+
+    void activate_id(nb::handle rid) { transition(rid, activate(handle_of(rid)), WAITING); }
+    void deactivate_id(nb::handle rid) { transition(rid, deactivate(handle_of(rid)), ACTIVE); }
+    void suspend_id(nb::handle rid) { transition(rid, suspend(handle_of(rid)), WAITING); }
+    void resume_id(nb::handle rid) { transition(rid, resume(handle_of(rid)), WAITING); }
+
+    void finish_id(nb::handle rid) {
+        uint32_t h = handle_of(rid);
+        transition(rid, finish(h), ACTIVE);
+        forget(rid, h);
+    }
+
+    void remove_id(nb::handle rid) {
+        uint32_t h = handle_of(rid);
+        transition(rid, remove(h), WAITING);
+        forget(rid, h);
+    }
+
+    bool discard_id(nb::handle rid) {
+        PyObject* value = PyDict_GetItemWithError(handles_.ptr(), rid.ptr());
+        if (value == nullptr) {
+            if (PyErr_Occurred()) throw nb::python_error();
+            return false;
+        }
+        uint32_t h = static_cast<uint32_t>(PyLong_AsUnsignedLong(value));
+        int64_t code = reqs_[h].state == ACTIVE ? finish(h) : remove(h);
+        transition(rid, code, reqs_[h].state);
+        forget(rid, h);
+        return true;
+    }
+
 
     nb::object candidate(uint32_t h) const {
         int64_t values[5];
@@ -525,12 +562,6 @@ class Core {
             if (rc != 0) throw nb::python_error();
         }
         return result;
-    }
-
-    nb::tuple describe(uint32_t h) const {
-        int64_t v[5];
-        describe_into(h, v);
-        return nb::make_tuple(h, v[0], v[1], v[2], v[3], v[4]);
     }
 
     // (num_chunks, num_missing, depth_before, depth_after, num_sharing) of a waiting request.
@@ -649,6 +680,7 @@ class Core {
             if (nodes_[path[d]].num_waiting > below) push_global(path[d]);
         }
         update_shared_after_activate(h);
+        best_valid_ = false;
         return OK;
     }
 
@@ -663,6 +695,7 @@ class Core {
         push_arrival(h);
         leave_working_set(h);
         if (nodes_[leaf].num_active > 0) push_global(leaf);
+        best_valid_ = false;
         return OK;
     }
 
@@ -672,6 +705,7 @@ class Core {
         prefetch_path(r.path);
         leave_working_set(h);
         drop_request(h);
+        best_valid_ = false;
         return OK;
     }
 
@@ -682,6 +716,7 @@ class Core {
         if (r.suspended) unsuspend(h);
         for (uint32_t id : r.path) --nodes_[id].num_waiting;
         drop_request(h);
+        best_valid_ = false;
         return OK;
     }
 
@@ -692,6 +727,7 @@ class Core {
         r.suspended = true;
         r.suspended_at = static_cast<uint32_t>(suspended_.size());
         suspended_.push_back(h);
+        best_valid_ = false;
         return OK;
     }
 
@@ -700,6 +736,7 @@ class Core {
         if (!r.suspended) return NOT_SUSPENDED;
         unsuspend(h);
         publish(h, r.path.size());
+        best_valid_ = false;
         return OK;
     }
 
@@ -713,6 +750,43 @@ class Core {
     std::string check() const;
 
   private:
+    // ------------------------------------------------------------------ request ids
+
+    uint32_t handle_of(nb::handle rid) const {
+        PyObject* value = PyDict_GetItemWithError(handles_.ptr(), rid.ptr());
+        if (value == nullptr) {
+            if (!PyErr_Occurred()) PyErr_Format(unknown_error_.ptr(), "request %R is not in the tree", rid.ptr());
+            throw nb::python_error();
+        }
+        return static_cast<uint32_t>(PyLong_AsUnsignedLong(value));
+    }
+
+    // Raises the Python core's `InvalidTransition` for a refused call (`code` != OK).
+    void transition(nb::handle rid, int64_t code, int expected) const {
+        if (code == OK) return;
+        if (code == ALREADY_SUSPENDED)
+            PyErr_Format(transition_error_.ptr(), "request %R is already suspended", rid.ptr());
+        else if (code == NOT_SUSPENDED)
+            PyErr_Format(transition_error_.ptr(), "request %R is not suspended", rid.ptr());
+        else
+            raise_state(rid, handle_of(rid), expected == ACTIVE ? "active" : "waiting");
+        throw nb::python_error();
+    }
+
+    [[noreturn]] void raise_state(nb::handle rid, uint32_t h, const char* expected) const {
+        const char* state = reqs_[h].state == ACTIVE ? "active" : "waiting";
+        if (expected == nullptr)
+            PyErr_Format(transition_error_.ptr(), "request %R is %s, not waiting", rid.ptr(), state);
+        else
+            PyErr_Format(transition_error_.ptr(), "request %R is %s, expected %s", rid.ptr(), state, expected);
+        throw nb::python_error();
+    }
+
+    void forget(nb::handle rid, uint32_t h) {
+        if (PyDict_DelItem(handles_.ptr(), rid.ptr()) != 0) throw nb::python_error();
+        if (PyList_SetItem(ids_.ptr(), h, Py_NewRef(Py_None)) != 0) throw nb::python_error();
+    }
+
     // ------------------------------------------------------------------ paths and counts
 
     int64_t insert(const std::vector<uint64_t>& hashes, double arrival, bool has_arrival) {
@@ -734,6 +808,7 @@ class Core {
         ++num_requests_;
         for (uint32_t id : r.path) ++nodes_[id].num_waiting;
         publish(h, num_existing);
+        best_valid_ = false;
         return (static_cast<int64_t>(r.path.size()) << 32) | h;
     }
 
@@ -1260,8 +1335,11 @@ class Core {
     void compact_strangers() { compact_roots(strangers_, false); }
 
     int64_t chunk_size_;
+    nb::dict handles_;
     nb::list ids_;
-    nb::object candidate_cls_;
+    nb::object candidate_cls_, unknown_error_, transition_error_;
+    nb::object best_cache_;
+    bool best_valid_ = false;
     nb::object field_names_[6];
     std::vector<Node> nodes_;
     std::vector<uint32_t> free_nodes_;
@@ -1445,39 +1523,39 @@ NB_MODULE(_core, m) {
     m.attr("NOT_SUSPENDED") = static_cast<int64_t>(NOT_SUSPENDED);
     m.attr("BAD_ARRIVAL") = static_cast<int64_t>(BAD_ARRIVAL);
     m.def("chunk_hashes", &chunk_hashes, "tokens"_a, "chunk_size"_a, "seed"_a);
+    // Public names are the tree's own API (request ids); names with a leading underscore take the u32 handles
+    // the Python subclass (native.NativeTree) maps ids to.
     nb::class_<Core>(m, "Core")
         .def(nb::init<int64_t>())
-        .def_prop_ro("num_requests", &Core::num_requests)
+        .def_prop_ro("_num_requests", &Core::num_requests)
         .def_prop_ro("num_active", &Core::num_active)
         .def_prop_ro("num_suspended", &Core::num_suspended)
         .def_prop_ro("num_nodes", &Core::num_nodes)
         .def_prop_ro("num_index_entries", &Core::num_index_entries)
         .def_prop_ro("shared_depth", &Core::shared_depth)
-        .def("state", &Core::state)
-        .def("is_suspended", &Core::is_suspended)
-        .def("num_chunks", &Core::num_chunks)
-        .def("path_hashes", &Core::path_hashes)
-        .def("num_missing", &Core::num_missing)
-        .def("num_holding", &Core::num_holding)
-        .def("shares_prefix", &Core::shares_prefix)
-        .def("waiting", &Core::waiting)
-        .def("active", &Core::active)
-        .def("suspended", &Core::suspended)
+        .def("_bind", &Core::bind)
         .def("best", &Core::best)
-        .def("bind", &Core::bind)
-        .def("best_candidate", &Core::best_candidate)
-        .def("candidate", &Core::candidate)
-        .def("describe", &Core::describe)
-        .def("oldest", &Core::oldest)
-        .def("prefix_order", &Core::prefix_order)
-        .def("insert_tokens", &Core::insert_tokens)
-        .def("insert_hashes", &Core::insert_hashes)
-        .def("activate", &Core::activate)
-        .def("deactivate", &Core::deactivate)
-        .def("finish", &Core::finish)
-        .def("remove", &Core::remove)
-        .def("suspend", &Core::suspend)
-        .def("resume", &Core::resume)
+        .def("candidate", &Core::candidate_of)
+        .def("activate", &Core::activate_id)
+        .def("deactivate", &Core::deactivate_id)
+        .def("finish", &Core::finish_id)
+        .def("remove", &Core::remove_id)
+        .def("discard", &Core::discard_id)
+        .def("suspend", &Core::suspend_id)
+        .def("resume", &Core::resume_id)
         .def("resume_all", &Core::resume_all)
-        .def("check", &Core::check);
+        .def("_state", &Core::state)
+        .def("_is_suspended", &Core::is_suspended)
+        .def("_num_chunks", &Core::num_chunks)
+        .def("_path_hashes", &Core::path_hashes)
+        .def("_num_missing", &Core::num_missing)
+        .def("_num_holding", &Core::num_holding)
+        .def("_shares_prefix", &Core::shares_prefix)
+        .def("_waiting", &Core::waiting)
+        .def("_active", &Core::active)
+        .def("_oldest", &Core::oldest)
+        .def("_prefix_order", &Core::prefix_order)
+        .def("_insert_tokens", &Core::insert_tokens)
+        .def("_insert_hashes", &Core::insert_hashes)
+        .def("_check", &Core::check);
 }
