@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <tuple>
@@ -318,7 +319,7 @@ class HashIndex {
     }
 
     bool insert(uint64_t key, uint32_t val) {  // false if present
-        if ((size_ + 1) * 4 > slots_.size() * 3) grow();
+        if ((size_ + 1) * 2 > slots_.size()) grow();  // load <= 1/2: short probe runs for find and erase
         size_t mask = slots_.size() - 1;
         for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
             Slot& s = slots_[i];
@@ -380,6 +381,28 @@ class HashIndex {
     size_t size_ = 0;
 };
 
+// ------------------------------------------------------------------------------------------- slab
+
+// Items in fixed blocks of 4096: an id indexes them directly, growth never moves an item (a doubling vector
+// of 168-byte nodes copied ~1x its final size, and faulted in twice as much fresh memory, while a tree of
+// 10K-token prompts grew).
+template <typename T>
+class Slab {
+  public:
+    T& operator[](size_t i) { return blocks_[i >> SHIFT][i & MASK]; }
+    const T& operator[](size_t i) const { return blocks_[i >> SHIFT][i & MASK]; }
+    size_t size() const { return size_; }
+    void emplace_back() {
+        if ((size_ & MASK) == 0) blocks_.emplace_back(new T[MASK + 1]);
+        ++size_;
+    }
+
+  private:
+    static constexpr size_t SHIFT = 12, MASK = (size_t{1} << SHIFT) - 1;
+    std::vector<std::unique_ptr<T[]>> blocks_;
+    size_t size_ = 0;
+};
+
 // ------------------------------------------------------------------------------------------- the tree
 
 struct Node {  // hot fields (walked along paths) first, in one cache line
@@ -426,6 +449,8 @@ class Core {
         nodes_.emplace_back();
         nodes_[ROOT].alive = true;
     }
+    Core(const Core&) = delete;
+    Core& operator=(const Core&) = delete;
 
     // ------------------------------------------------------------------ queries
 
@@ -435,8 +460,10 @@ class Core {
     size_t num_nodes() const { return num_nodes_; }
     size_t num_index_entries() const {
         size_t total = global_.size() + strangers_.size() + by_arrival_.size();
-        for (const Node& n : nodes_)
+        for (size_t id = 0; id < nodes_.size(); ++id) {
+            const Node& n = nodes_[id];
             if (n.alive) total += n.candidates.size() + n.arrivals.size();
+        }
         return total;
     }
     int64_t shared_depth() const { return shared_ == NIL ? 0 : nodes_[shared_].depth; }
@@ -1341,9 +1368,9 @@ class Core {
     nb::object best_cache_;
     bool best_valid_ = false;
     nb::object field_names_[6];
-    std::vector<Node> nodes_;
+    Slab<Node> nodes_;
     std::vector<uint32_t> free_nodes_;
-    std::vector<Req> reqs_;
+    Slab<Req> reqs_;
     std::vector<uint32_t> free_reqs_;
     HashIndex index_;
     List all_, running_;
