@@ -405,7 +405,10 @@ class Slab {
 
 // ------------------------------------------------------------------------------------------- the tree
 
-struct Node {  // hot fields (walked along paths) first, in one cache line
+// Two cache lines: the first holds what path walks touch (counters, flags, hash) and the candidate heap; the
+// tier-2 fields only first-level nodes use live in a side slab (`FirstLevel`), so the many deep nodes of
+// long prompts carry none of them.
+struct alignas(64) Node {
     uint32_t parent = NIL;
     uint32_t depth = 0;
     uint32_t num_active = 0;
@@ -417,13 +420,18 @@ struct Node {  // hot fields (walked along paths) first, in one cache line
     bool has_stranger = false;
     uint64_t hash = 0;
     std::vector<CEntry> candidates;
-    Key best{};
     uint32_t best_req = NIL;
     uint32_t best_gen = 0;
-    uint64_t serial = 0;
+    Key best{};
     Key global_key{};
+    uint64_t serial = 0;
+    uint32_t level = NIL;  // first-level nodes: their `FirstLevel` slot
+};
+static_assert(sizeof(Node) == 128, "a node is two cache lines");
+
+struct FirstLevel {
     Key stranger_key{};  // (0, arrival, seq)
-    std::vector<AEntry> arrivals;  // first-level nodes only
+    std::vector<AEntry> arrivals;
 };
 
 struct Req {
@@ -462,7 +470,7 @@ class Core {
         size_t total = global_.size() + strangers_.size() + by_arrival_.size();
         for (size_t id = 0; id < nodes_.size(); ++id) {
             const Node& n = nodes_[id];
-            if (n.alive) total += n.candidates.size() + n.arrivals.size();
+            if (n.alive) total += n.candidates.size() + (n.depth == 1 ? levels_[n.level].arrivals.size() : 0);
         }
         return total;
     }
@@ -880,6 +888,7 @@ class Core {
             Node& n = nodes_[path[j]];
             n.alive = true;
             n.serial = next_serial_++;
+            if (n.depth == 1) n.level = alloc_level();
             ++num_nodes_;
         }
         return OK;
@@ -895,6 +904,16 @@ class Core {
         return static_cast<uint32_t>(nodes_.size() - 1);
     }
 
+    uint32_t alloc_level() {
+        if (!free_levels_.empty()) {
+            uint32_t slot = free_levels_.back();
+            free_levels_.pop_back();
+            return slot;
+        }
+        levels_.emplace_back();
+        return static_cast<uint32_t>(levels_.size() - 1);
+    }
+
     void free_slot(uint32_t id) {  // a slot never made alive (build_path rollback)
         free_nodes_.push_back(id);
     }
@@ -907,7 +926,11 @@ class Core {
         n.has_best = n.has_global = n.has_stranger = false;
         n.num_active = n.num_waiting = 0;
         release(n.candidates);
-        release(n.arrivals);
+        if (n.depth == 1) {
+            release(levels_[n.level].arrivals);
+            free_levels_.push_back(n.level);
+            n.level = NIL;
+        }
         --num_nodes_;
         free_nodes_.push_back(id);
     }
@@ -957,7 +980,8 @@ class Core {
             if (!n.alive) break;
             size_t live = n.num_waiting + n.num_active;
             if (n.candidates.size() > 4 * live + COMPACT_MIN) compact_candidates(n.candidates);
-            if (n.depth == 1 && n.arrivals.size() > 4 * live + COMPACT_MIN) compact_arrivals(n.arrivals);
+            if (n.depth == 1 && levels_[n.level].arrivals.size() > 4 * live + COMPACT_MIN)
+                compact_arrivals(levels_[n.level].arrivals);
         }
     }
 
@@ -1088,7 +1112,7 @@ class Core {
         Node& first = nodes_[r.path[0]];
         if (first.num_active == 0) {
             Key key{0, r.arrival, r.seq};
-            if (!first.has_stranger || key < first.stranger_key) push_stranger_key(r.path[0], key);
+            if (!first.has_stranger || key < levels_[first.level].stranger_key) push_stranger_key(r.path[0], key);
         }
     }
 
@@ -1150,9 +1174,9 @@ class Core {
         const Req& r = reqs_[h];
         AEntry e{AKey{r.arrival, r.seq}, h, r.gen};
         Node& first = nodes_[r.path[0]];
-        heap_push<AEntry, AAfter>(first.arrivals, e);
-        if (first.arrivals.size() > 4 * (first.num_waiting + first.num_active) + COMPACT_MIN)
-            compact_arrivals(first.arrivals);
+        auto& arrivals = levels_[first.level].arrivals;
+        heap_push<AEntry, AAfter>(arrivals, e);
+        if (arrivals.size() > 4 * (first.num_waiting + first.num_active) + COMPACT_MIN) compact_arrivals(arrivals);
         heap_push<AEntry, AAfter>(by_arrival_, e);
         if (by_arrival_.size() > 2 * num_requests_ + COMPACT_MIN) compact_arrivals(by_arrival_);
     }
@@ -1162,19 +1186,19 @@ class Core {
         if (top == nullptr) return;
         Key key{0, top->k.a, top->k.s};
         const Node& n = nodes_[first];
-        if (!n.has_stranger || key < n.stranger_key) push_stranger_key(first, key);
+        if (!n.has_stranger || key < levels_[n.level].stranger_key) push_stranger_key(first, key);
     }
 
     void push_stranger_key(uint32_t first, const Key& key) {
         Node& n = nodes_[first];
         n.has_stranger = true;
-        n.stranger_key = key;
+        levels_[n.level].stranger_key = key;
         heap_push<GEntry, GAfter>(strangers_, GEntry{key, next_push_++, first, n.gen});
         if (strangers_.size() > 2 * num_nodes_ + COMPACT_MIN) compact_strangers();
     }
 
     const AEntry* settle_arrivals(uint32_t first) {
-        auto& heap = nodes_[first].arrivals;
+        auto& heap = levels_[nodes_[first].level].arrivals;
         while (!heap.empty()) {
             const AEntry& e = heap.front();
             if (live_waiting(e.req, e.gen)) return &heap.front();
@@ -1275,7 +1299,7 @@ class Core {
         while (!strangers_.empty()) {
             GEntry e = strangers_.front();
             Node& n = nodes_[e.node];
-            if (n.gen != e.gen || !n.has_stranger || n.stranger_key != e.k) {
+            if (n.gen != e.gen || !n.has_stranger || levels_[n.level].stranger_key != e.k) {
                 heap_pop<GEntry, GAfter>(strangers_);
                 continue;
             }
@@ -1291,8 +1315,8 @@ class Core {
                 continue;
             }
             Key key{0, top->k.a, top->k.s};
-            if (key != n.stranger_key) {
-                n.stranger_key = key;
+            if (key != levels_[n.level].stranger_key) {
+                levels_[n.level].stranger_key = key;
                 heap_pop<GEntry, GAfter>(strangers_);
                 heap_push<GEntry, GAfter>(strangers_, GEntry{key, next_push_++, e.node, n.gen});
                 continue;
@@ -1339,7 +1363,7 @@ class Core {
             const Node& n = nodes_[e.node];
             if (n.gen != e.gen || !n.alive) continue;
             bool has = global ? n.has_global : n.has_stranger;
-            const Key& key = global ? n.global_key : n.stranger_key;
+            const Key& key = global ? n.global_key : levels_[n.level].stranger_key;
             bool placed = global ? n.num_active > 0 : n.num_active == 0;
             if (has && key == e.k && placed) kept.push_back(e);
         }
@@ -1370,6 +1394,8 @@ class Core {
     nb::object field_names_[6];
     Slab<Node> nodes_;
     std::vector<uint32_t> free_nodes_;
+    Slab<FirstLevel> levels_;
+    std::vector<uint32_t> free_levels_;
     Slab<Req> reqs_;
     std::vector<uint32_t> free_reqs_;
     HashIndex index_;
@@ -1433,8 +1459,9 @@ std::string Core::check() const {
         REQUIRE(n.num_active + n.num_waiting > 0, "unreferenced node kept");
         size_t live = n.num_active + n.num_waiting;
         REQUIRE(n.candidates.size() <= 4 * live + COMPACT_MIN, "candidate heap unbounded");
-        REQUIRE(n.arrivals.size() <= 4 * live + COMPACT_MIN, "arrival heap unbounded");
-        REQUIRE(n.depth == 1 || (n.arrivals.empty() && !n.has_stranger), "arrival heap on a deeper node");
+        REQUIRE((n.depth == 1) == (n.level != NIL), "first-level slot missing, or on a deeper node");
+        REQUIRE(n.depth == 1 || !n.has_stranger, "a stranger key on a deeper node");
+        REQUIRE(n.depth != 1 || levels_[n.level].arrivals.size() <= 4 * live + COMPACT_MIN, "arrival heap unbounded");
     }
     REQUIRE(alive == num_nodes_ && index_.size() == num_nodes_, "node registry size wrong");
     REQUIRE(nodes_[ROOT].candidates.empty(), "the root has candidates");
@@ -1482,7 +1509,7 @@ std::string Core::check() const {
     }
     for (const GEntry& e : strangers_) {
         const Node& n = nodes_[e.node];
-        if (n.gen == e.gen && n.has_stranger && n.stranger_key == e.k) live_strangers[e.node] = e.k;
+        if (n.gen == e.gen && n.has_stranger && levels_[n.level].stranger_key == e.k) live_strangers[e.node] = e.k;
     }
     for (uint32_t id = 1; id < nodes_.size(); ++id) {
         const Node& n = nodes_[id];
@@ -1501,11 +1528,11 @@ std::string Core::check() const {
         uint32_t first = r.path[0];
         if (nodes_[first].num_active == 0) {
             bool found = false;
-            for (const AEntry& e : nodes_[first].arrivals) found |= e.req == h && e.gen == r.gen;
+            for (const AEntry& e : levels_[nodes_[first].level].arrivals) found |= e.req == h && e.gen == r.gen;
             REQUIRE(found, "a stranger is missing from its arrival heap");
             const Node& f = nodes_[first];
             Key arrival_key{0, r.arrival, r.seq};
-            REQUIRE(f.has_stranger && f.stranger_key <= arrival_key, "no stranger entry bounds a request");
+            REQUIRE(f.has_stranger && levels_[f.level].stranger_key <= arrival_key, "no stranger entry bounds a request");
             continue;
         }
         REQUIRE(has_entry(r.path.back(), h, true, key, true), "no leaf entry for a waiting request");
