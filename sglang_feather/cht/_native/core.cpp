@@ -457,20 +457,15 @@ class Slab {
     Slab(const Slab&) = delete;
     Slab& operator=(const Slab&) = delete;
     ~Slab() {
-        for (T* block : blocks_) {
-            for (size_t i = 0; i <= MASK; ++i) block[i].~T();
-            free_bytes(block, (MASK + 1) * sizeof(T));
-        }
+        for (size_t i = 0; i < size_; ++i) (*this)[i].~T();
+        for (T* block : blocks_) free_bytes(block, (MASK + 1) * sizeof(T));
     }
     T& operator[](size_t i) { return blocks_[i >> SHIFT][i & MASK]; }
     const T& operator[](size_t i) const { return blocks_[i >> SHIFT][i & MASK]; }
     size_t size() const { return size_; }
-    void emplace_back() {
-        if ((size_ & MASK) == 0) {
-            T* block = static_cast<T*>(alloc_bytes((MASK + 1) * sizeof(T)));
-            for (size_t i = 0; i <= MASK; ++i) new (block + i) T();
-            blocks_.push_back(block);
-        }
+    void emplace_back() {  // items are constructed one by one as they are used, never a whole block ahead
+        if ((size_ & MASK) == 0) blocks_.push_back(static_cast<T*>(alloc_bytes((MASK + 1) * sizeof(T))));
+        new (&(*this)[size_]) T();
         ++size_;
     }
 
