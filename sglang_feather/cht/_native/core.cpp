@@ -354,33 +354,45 @@ struct HugeAllocator {
 
 // ------------------------------------------------------------------------------------------- hash map
 
+// Chunk hash -> node id. A released node's entry is not erased: it goes stale (each entry records its node's
+// generation, and releasing a node bumps it), so finishing a request touches none of its nodes' slots. A
+// stale entry is overwritten when its hash comes back and dropped when the table is rebuilt; rebuilds happen
+// when live + stale entries reach half the slots (4x larger if more than a quarter are live, else the same
+// size), so every rebuild is paid for by a quarter of the table's inserts.
 class HashIndex {
   public:
-    HashIndex() { slots_.assign(64, Slot{0, NIL}); }
+    explicit HashIndex(const std::vector<uint32_t>& gens) : gens_(gens) { slots_.assign(64, Slot{0, NIL, 0}); }
 
     uint32_t find(uint64_t key) const {
         size_t mask = slots_.size() - 1;
         for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
             const Slot& s = slots_[i];
             if (s.val == NIL) return NIL;
-            if (s.key == key) return s.val;
+            if (s.key == key) return live(s) ? s.val : NIL;
         }
     }
 
     bool insert(uint64_t key, uint32_t val) {  // false if present
-        if ((size_ + 1) * 2 > slots_.size()) grow();  // load <= 1/2: short probe runs for find and erase
+        if ((size_ + 1) * 2 > slots_.size()) rebuild(live_ * 4 < slots_.size() ? slots_.size() : slots_.size() * 4);
         size_t mask = slots_.size() - 1;
         for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
             Slot& s = slots_[i];
             if (s.val == NIL) {
-                s = Slot{key, val};
+                s = Slot{key, val, gens_[val]};
                 ++size_;
+                ++live_;
                 return true;
             }
-            if (s.key == key) return false;
+            if (s.key == key) {
+                if (live(s)) return false;
+                s = Slot{key, val, gens_[val]};
+                ++live_;
+                return true;
+            }
         }
     }
 
+    // Removes a live entry at once (an insert rolled back); released nodes go through `forget` instead.
     void erase(uint64_t key) {
         size_t mask = slots_.size() - 1;
         size_t i = mix(key) & mask;
@@ -388,6 +400,7 @@ class HashIndex {
             if (slots_[i].val == NIL) return;
             i = (i + 1) & mask;
         }
+        if (live(slots_[i])) --live_;
         for (size_t j = (i + 1) & mask; slots_[j].val != NIL; j = (j + 1) & mask) {
             size_t home = mix(slots_[j].key) & mask;
             // Move j into the hole at i unless its home lies cyclically in (i, j].
@@ -401,7 +414,16 @@ class HashIndex {
         --size_;
     }
 
-    size_t size() const { return size_; }
+    // A node was released (its generation already bumped): its entry is stale from now on.
+    void forget() { --live_; }
+
+    size_t size() const { return live_; }
+
+    size_t count_live() const {
+        size_t n = 0;
+        for (const Slot& s : slots_) n += s.val != NIL && live(s);
+        return n;
+    }
 
     void prefetch(uint64_t key) const { __builtin_prefetch(&slots_[mix(key) & (slots_.size() - 1)]); }
 
@@ -409,7 +431,9 @@ class HashIndex {
     struct Slot {
         uint64_t key;
         uint32_t val;
+        uint32_t gen;
     };
+    bool live(const Slot& s) const { return gens_[s.val] == s.gen; }
     static uint64_t mix(uint64_t x) {
         x ^= x >> 33;
         x *= 0xff51afd7ed558ccdULL;
@@ -418,31 +442,35 @@ class HashIndex {
         x ^= x >> 33;
         return x;
     }
-    // Growing 4x (load between 1/8 and 1/2) rehashes a third as many entries over a tree's growth as
-    // doubling; each entry's new slot is prefetched a few entries ahead so the misses overlap.
-    void grow() {
+    // Live entries only, into `capacity` slots; each entry's new slot is prefetched a few entries ahead so the
+    // misses overlap. Growing 4x rehashes a third as many entries over a tree's growth as doubling.
+    void rebuild(size_t capacity) {
         std::vector<Slot, HugeAllocator<Slot>> old;
         old.swap(slots_);
-        slots_.assign(old.size() * 4, Slot{0, NIL});
-        size_t mask = slots_.size() - 1;
+        slots_.assign(capacity, Slot{0, NIL, 0});
+        size_ = 0;
+        size_t mask = capacity - 1;
         constexpr size_t AHEAD = 16;
+        auto kept = [&](size_t i) { return old[i].val != NIL && live(old[i]); };
         for (size_t i = 0; i < std::min(AHEAD, old.size()); ++i)
-            if (old[i].val != NIL) __builtin_prefetch(&slots_[mix(old[i].key) & mask], 1);
+            if (kept(i)) __builtin_prefetch(&slots_[mix(old[i].key) & mask], 1);
         for (size_t i = 0; i < old.size(); ++i) {
-            if (i + AHEAD < old.size() && old[i + AHEAD].val != NIL)
-                __builtin_prefetch(&slots_[mix(old[i + AHEAD].key) & mask], 1);
+            if (i + AHEAD < old.size() && kept(i + AHEAD)) __builtin_prefetch(&slots_[mix(old[i + AHEAD].key) & mask], 1);
+            if (!kept(i)) continue;
             const Slot& s = old[i];
-            if (s.val == NIL) continue;
             for (size_t j = mix(s.key) & mask;; j = (j + 1) & mask) {
                 if (slots_[j].val == NIL) {
                     slots_[j] = s;
+                    ++size_;
                     break;
                 }
             }
         }
     }
+    const std::vector<uint32_t>& gens_;  // the tree's node generations, by node id
     std::vector<Slot, HugeAllocator<Slot>> slots_;
-    size_t size_ = 0;
+    size_t size_ = 0;  // live and stale entries
+    size_t live_ = 0;
 };
 
 // ------------------------------------------------------------------------------------------- slab
@@ -525,8 +553,9 @@ struct List {
 
 class Core {
   public:
-    explicit Core(int64_t chunk_size) : chunk_size_(chunk_size) {
+    explicit Core(int64_t chunk_size) : chunk_size_(chunk_size), index_(node_gens_) {
         nodes_.emplace_back();
+        node_gens_.push_back(0);
         nodes_[ROOT].alive = true;
     }
     Core(const Core&) = delete;
@@ -973,6 +1002,7 @@ class Core {
             return id;
         }
         nodes_.emplace_back();
+        node_gens_.push_back(0);
         return static_cast<uint32_t>(nodes_.size() - 1);
     }
 
@@ -992,9 +1022,9 @@ class Core {
 
     void release_node(uint32_t id) {
         Node& n = nodes_[id];
-        index_.erase(n.hash);
         n.alive = false;
-        ++n.gen;
+        node_gens_[id] = ++n.gen;
+        index_.forget();
         n.has_best = n.has_global = n.has_stranger = false;
         n.num_active = n.num_waiting = 0;
         release(n.candidates);
@@ -1037,11 +1067,6 @@ class Core {
     }
 
     void release_nodes(const std::vector<uint32_t>& path) {
-        for (size_t i = path.size(); i-- > 0;) {
-            const Node& n = nodes_[path[i]];
-            if (n.num_active || n.num_waiting) break;
-            index_.prefetch(n.hash);
-        }
         for (size_t i = path.size(); i-- > 0;) {
             const Node& n = nodes_[path[i]];
             if (n.num_active || n.num_waiting) break;
@@ -1470,6 +1495,7 @@ class Core {
     std::vector<uint32_t> free_levels_;
     Slab<Req, 10> reqs_;
     std::vector<uint32_t> free_reqs_;
+    std::vector<uint32_t> node_gens_;  // nodes' generations by id, dense, for the hash index's stale checks
     HashIndex index_;
     List all_, running_;
     std::vector<uint32_t> suspended_;
@@ -1535,7 +1561,8 @@ std::string Core::check() const {
         REQUIRE(n.depth == 1 || !n.has_stranger, "a stranger key on a deeper node");
         REQUIRE(n.depth != 1 || levels_[n.level].arrivals.size() <= 4 * live + COMPACT_MIN, "arrival heap unbounded");
     }
-    REQUIRE(alive == num_nodes_ && index_.size() == num_nodes_, "node registry size wrong");
+    REQUIRE(alive == num_nodes_ && index_.size() == num_nodes_ && index_.count_live() == num_nodes_,
+            "node registry size wrong");
     REQUIRE(nodes_[ROOT].candidates.empty(), "the root has candidates");
     REQUIRE(global_.size() <= 2 * num_nodes_ + COMPACT_MIN, "global heap unbounded");
     REQUIRE(strangers_.size() <= 2 * num_nodes_ + COMPACT_MIN, "stranger heap unbounded");
