@@ -636,9 +636,12 @@ class Core {
     // best(): the next waiting request's `Candidate`, or None; cached until the next mutation.
     nb::object best() {
         if (!best_valid_) {
-            uint32_t h = pop_sharing();
+            // A sharer comes with its missing count (its global key), a stranger misses everything: no
+            // binary search along its path for it.
+            int64_t missing = -1;
+            uint32_t h = pop_sharing(missing);
             if (h == NIL) h = pop_stranger();
-            best_cache_ = h == NIL ? nb::none() : candidate(h);
+            best_cache_ = h == NIL ? nb::none() : candidate(h, missing);
             best_valid_ = true;
         }
         return best_cache_;
@@ -681,9 +684,9 @@ class Core {
     }
 
 
-    nb::object candidate(uint32_t h) const {
+    nb::object candidate(uint32_t h, int64_t missing = -1) const {
         int64_t values[5];
-        describe_into(h, values);
+        describe_into(h, values, missing);
         PyObject* empty = PyTuple_New(0);
         PyObject* obj = PyBaseObject_Type.tp_new(reinterpret_cast<PyTypeObject*>(candidate_cls_.ptr()), empty, nullptr);
         Py_DECREF(empty);
@@ -701,17 +704,19 @@ class Core {
     }
 
     // (num_chunks, num_missing, depth_before, depth_after, num_sharing) of a waiting request.
-    void describe_into(uint32_t h, int64_t* out) const {
+    // `known_missing` >= 0: the request's missing count is already known (then the shared-prefix search stops
+    // at its deepest working-set node, where every running request's prefix ends too).
+    void describe_into(uint32_t h, int64_t* out, int64_t known_missing = -1) const {
         const auto& path = reqs_[h].path;
         int64_t len = static_cast<int64_t>(path.size());
         int64_t before, after, missing;
         if (num_active_ == 0) {
             before = after = missing = len;
         } else {
+            missing = known_missing >= 0 ? known_missing : len - last_depth(path, path.size(), 1);
             int64_t shared = shared_depth();
-            after = last_depth(path, static_cast<size_t>(std::min(len, shared)), num_active_);
+            after = last_depth(path, static_cast<size_t>(std::min(len - missing, shared)), num_active_);
             before = num_active_ > 1 ? shared : after;
-            missing = len - last_depth(path, path.size(), 1);
         }
         int64_t sharing = after ? static_cast<int64_t>(nodes_[path[static_cast<size_t>(after - 1)]].num_waiting) - 1 : 0;
         out[0] = len;
@@ -1361,7 +1366,8 @@ class Core {
         return nodes_[node].has_best;
     }
 
-    uint32_t pop_sharing() {
+    // The best sharer, and how many chunks it misses (its global key).
+    uint32_t pop_sharing(int64_t& missing) {
         while (!global_.empty()) {
             GEntry e = global_.front();
             Node& n = nodes_[e.node];
@@ -1387,6 +1393,7 @@ class Core {
                 heap_push<GEntry, GAfter>(global_, GEntry{key, next_push_++, e.node, n.gen});
                 continue;
             }
+            missing = key.n;
             return top->is_req ? top->item : nodes_[top->item].best_req;
         }
         return NIL;
