@@ -13,26 +13,27 @@ ENV_VAR = "SGLANG_FEATHER_CHT"
 logger = logging.getLogger(__name__)
 
 
-def _select() -> tuple[type, str]:
+def _select() -> tuple[type, str, str]:
+    """The tree class, its core's name and why it was chosen."""
     choice = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
     if choice not in ("auto", "python", "native"):
         raise ValueError(f"{ENV_VAR}={choice!r}: expected python, native or auto")
     if choice == "python":
-        return PythonTree, "python"
+        return PythonTree, "python", f"forced by {ENV_VAR}=python"
     try:
         from sglang_feather.cht.native import NativeTree
     except ImportError as err:
         if choice == "native":
             raise ImportError(
                 f"{ENV_VAR}=native but the compiled CHT core is not built ({err}); run `make setup` or "
-                "`pip install -e .`"
+                "`pip install -e .` with a C++ compiler"
             ) from err
-        return PythonTree, "python"
-    return NativeTree, "native"
+        return PythonTree, "python", f"the compiled core is not built ({err})"
+    return NativeTree, "native", f"{ENV_VAR}={choice}"
 
 
-ChunkedHashTree, BACKEND = _select()
-logger.info("Chunked Hash Tree core: %s (%s=%s)", BACKEND, ENV_VAR, os.environ.get(ENV_VAR, "auto"))
+ChunkedHashTree, BACKEND, _REASON = _select()
+logger.info("Chunked Hash Tree core: %s (%s)", BACKEND, _REASON)
 
 
 def backend_name() -> str:

@@ -22,29 +22,30 @@ from sglang_feather.cht.nodes import RequestState
 from sglang_feather.cht.tree import Candidate
 from sglang_feather.types import ChunkHash, RequestId
 
-# How it works. The C++ core numbers requests with u32 handles (reused after a request leaves); this wrapper
-# keeps request id -> handle in a dict and handle -> request id in a list, turns the core's status codes into
-# the same exceptions as the Python core (every check happens before the first mutation there too), and keeps
-# the same one-slot `best()` cache. Token buffers (numpy, array.array) go to the core without a copy; other
-# sequences are packed and validated by `token_bytes` first, exactly as the Python core does.
+# How it works. The C++ core numbers requests with u32 handles (reused after a request leaves). `NativeTree`
+# subclasses the compiled `Core`, so the per-step calls (best, activate, finish, deactivate, remove, suspend,
+# resume, candidate) are the core's own methods, with no Python frame: the core holds this wrapper's request
+# id -> handle dict and handle -> request id list, builds the `Candidate`, keeps the one-slot `best()` cache
+# and raises the same exceptions as the Python core (every check happens before the first mutation there
+# too). Inserts and queries go through the Python methods below, which map ids to handles. Token buffers
+# (numpy, array.array) go to the core without a copy; other sequences are packed and validated by
+# `token_bytes` first, exactly as the Python core does.
 
 _STATES = (None, RequestState.WAITING, RequestState.ACTIVE)
 _BUFFERS = (np.ndarray, array)
 
 
-class NativeTree:
+class NativeTree(_core.Core):
     """The compiled Chunked Hash Tree; same methods, results and errors as `PythonTree`."""
 
     def __init__(self, chunk_size: int = DEFAULT_CHUNK_SIZE):
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        super().__init__(chunk_size)
         self.chunk_size = chunk_size
-        self._core = _core.Core(chunk_size)
         self._handles: dict[RequestId, int] = {}
         self._ids: list[RequestId] = []
-        self._core.bind(self._ids, Candidate)
-        self._best_cache: Candidate | None = None
-        self._best_valid = False
+        self._bind(self._handles, self._ids, Candidate, UnknownRequest, InvalidTransition)
 
     # ----------------------------------------------------------------- queries
 
@@ -55,80 +56,47 @@ class NativeTree:
         return request_id in self._handles
 
     @property
-    def num_active(self) -> int:
-        return self._core.num_active
-
-    @property
     def num_waiting(self) -> int:
-        return len(self._handles) - self._core.num_active
-
-    @property
-    def num_suspended(self) -> int:
-        return self._core.num_suspended
-
-    @property
-    def num_nodes(self) -> int:
-        return self._core.num_nodes
-
-    @property
-    def num_index_entries(self) -> int:
-        return self._core.num_index_entries
-
-    @property
-    def shared_depth(self) -> int:
-        return self._core.shared_depth
+        return len(self._handles) - self.num_active
 
     def state(self, request_id: RequestId) -> RequestState | None:
         handle = self._handles.get(request_id)
-        return None if handle is None else _STATES[self._core.state(handle)]
+        return None if handle is None else _STATES[self._state(handle)]
 
     def is_suspended(self, request_id: RequestId) -> bool:
-        return self._core.is_suspended(self._handle(request_id))
+        return self._is_suspended(self._handle(request_id))
 
     def waiting_ids(self) -> Iterator[RequestId]:
         ids = self._ids
-        return iter([ids[h] for h in self._core.waiting()])
+        return iter([ids[h] for h in self._waiting()])
 
     def active_ids(self) -> Iterator[RequestId]:
         ids = self._ids
-        return iter([ids[h] for h in self._core.active()])
+        return iter([ids[h] for h in self._active()])
 
     def num_chunks(self, request_id: RequestId) -> int:
-        return self._core.num_chunks(self._handle(request_id))
+        return self._num_chunks(self._handle(request_id))
 
     def path_hashes(self, request_id: RequestId) -> tuple[ChunkHash, ...]:
-        return tuple(self._core.path_hashes(self._handle(request_id)))
+        return tuple(self._path_hashes(self._handle(request_id)))
 
     def num_missing(self, request_id: RequestId) -> int:
-        return self._core.num_missing(self._handle(request_id))
+        return self._num_missing(self._handle(request_id))
 
     def num_holding(self, request_id: RequestId, depth: int) -> int:
-        return self._core.num_holding(self._handle(request_id), depth)
+        return self._num_holding(self._handle(request_id), depth)
 
     def shares_prefix(self, request_id: RequestId, other_id: RequestId, depth: int) -> bool:
-        return self._core.shares_prefix(self._handle(request_id), self._handle(other_id), depth)
-
-    def best(self) -> Candidate | None:
-        if not self._best_valid:
-            self._best_cache = self._core.best_candidate()
-            self._best_valid = True
-        return self._best_cache
-
-    def candidate(self, request_id: RequestId) -> Candidate:
-        handle = self._handle(request_id)
-        state = self._core.state(handle)
-        if state != 1:
-            raise InvalidTransition(f"request {request_id!r} is {_STATES[state].value}, not waiting")
-        return self._core.candidate(handle)
+        return self._shares_prefix(self._handle(request_id), self._handle(other_id), depth)
 
     def oldest(self) -> RequestId | None:
-        handle = self._core.oldest()
+        handle = self._oldest()
         return None if handle < 0 else self._ids[handle]
 
     def prefix_order(self, request_ids: Iterable[RequestId]) -> list[RequestId]:
         handles = [self._handle(rid) for rid in request_ids]
         ids = self._ids
-        return [ids[h] for h in self._core.prefix_order(handles)]
+        return [ids[h] for h in self._prefix_order(handles)]
 
     # ----------------------------------------------------------------- mutations
 
@@ -146,9 +114,9 @@ class NativeTree:
             token_ids = memoryview(token_bytes(token_ids)).cast("I")
         seed = namespace_seed(namespace) if namespace is not None else 0
         if arrival is None:
-            code = self._core.insert_tokens(token_ids, self.chunk_size, seed, 0.0, False)
+            code = self._insert_tokens(token_ids, self.chunk_size, seed, 0.0, False)
         else:
-            code = self._core.insert_tokens(token_ids, self.chunk_size, seed, float(arrival), True)
+            code = self._insert_tokens(token_ids, self.chunk_size, seed, float(arrival), True)
         return self._added(request_id, code)
 
     def insert_hashes(
@@ -157,56 +125,22 @@ class NativeTree:
         if request_id in self._handles:
             raise DuplicateRequest(f"request {request_id!r} is already in the tree")
         if arrival is None:
-            code = self._core.insert_hashes(hashes, 0.0, False)
+            code = self._insert_hashes(hashes, 0.0, False)
         else:
-            code = self._core.insert_hashes(hashes, float(arrival), True)
+            code = self._insert_hashes(hashes, float(arrival), True)
         return self._added(request_id, code)
-
-    def activate(self, request_id: RequestId) -> None:
-        self._transition(request_id, self._core.activate, RequestState.WAITING)
-
-    def deactivate(self, request_id: RequestId) -> None:
-        self._transition(request_id, self._core.deactivate, RequestState.ACTIVE)
-
-    def finish(self, request_id: RequestId) -> None:
-        self._transition(request_id, self._core.finish, RequestState.ACTIVE)
-        self._forget(request_id)
-
-    def remove(self, request_id: RequestId) -> None:
-        self._transition(request_id, self._core.remove, RequestState.WAITING)
-        self._forget(request_id)
-
-    def discard(self, request_id: RequestId) -> bool:
-        handle = self._handles.get(request_id)
-        if handle is None:
-            return False
-        if self._core.state(handle) == 2:
-            self.finish(request_id)
-        else:
-            self.remove(request_id)
-        return True
-
-    def suspend(self, request_id: RequestId) -> None:
-        self._transition(request_id, self._core.suspend, RequestState.WAITING)
-
-    def resume(self, request_id: RequestId) -> None:
-        self._transition(request_id, self._core.resume, RequestState.WAITING)
-
-    def resume_all(self) -> None:
-        self._core.resume_all()
-        self._best_valid = False
 
     def check_invariants(self) -> None:
         """The core's own recount (core.cpp `check`) plus the id mapping kept here."""
         from sglang_feather.cht.invariants import InvariantError
 
-        problem = self._core.check()
+        problem = self._check()
         if problem:
             raise InvariantError(problem)
-        if self._core.num_requests != len(self._handles):
+        if self._num_requests != len(self._handles):
             raise InvariantError("the id map and the core disagree on the number of requests")
         for rid, handle in self._handles.items():
-            if self._ids[handle] != rid or self._core.state(handle) == 0:
+            if self._ids[handle] != rid or self._state(handle) == 0:
                 raise InvariantError(f"request {rid!r} maps to a handle the core does not hold")
 
     # ----------------------------------------------------------------- internals
@@ -227,23 +161,7 @@ class NativeTree:
         else:
             ids[handle] = request_id
         self._handles[request_id] = handle
-        self._best_valid = False
         return code >> 32
-
-    def _transition(self, request_id: RequestId, call, expected: RequestState) -> None:
-        handle = self._handle(request_id)
-        code = call(handle)
-        if code:
-            state = _STATES[self._core.state(handle)]
-            if code == _core.ALREADY_SUSPENDED:
-                raise InvalidTransition(f"request {request_id!r} is already suspended")
-            if code == _core.NOT_SUSPENDED:
-                raise InvalidTransition(f"request {request_id!r} is not suspended")
-            raise InvalidTransition(f"request {request_id!r} is {state.value}, expected {expected.value}")
-        self._best_valid = False
-
-    def _forget(self, request_id: RequestId) -> None:
-        self._ids[self._handles.pop(request_id)] = None
 
 
 _INSERT_ERRORS = {

@@ -18,13 +18,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include <sys/mman.h>
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -302,35 +306,93 @@ void heap_pop(std::vector<E>& h) {
     h.pop_back();
 }
 
+// ------------------------------------------------------------------------------------------- memory
+
+// Large arrays (the hash index, node slab blocks) ask for transparent huge pages: a tree of long prompts holds
+// tens of MB, and faulting it in 4 KiB pages cost more than the inserts' own work (measured: ~4.6 page
+// faults per 10K-token insert into a growing tree, each several µs here). Where THP is off this is a no-op.
+constexpr size_t HUGE_PAGE = size_t{1} << 21;
+
+// Arrays of a huge page or more are their own 2 MiB-aligned mappings (returned to the system when freed);
+// smaller ones come from malloc, cache-line aligned.
+inline void* alloc_bytes(size_t bytes) {
+    if (bytes < HUGE_PAGE) {
+        void* p = std::aligned_alloc(64, (bytes + 63) & ~size_t{63});
+        if (p == nullptr) throw std::bad_alloc();
+        return p;
+    }
+    size_t size = (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+    void* raw = mmap(nullptr, size + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) throw std::bad_alloc();
+    uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+    uintptr_t aligned = (start + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+    if (aligned > start) munmap(raw, aligned - start);
+    if (aligned + size < start + size + HUGE_PAGE) munmap(reinterpret_cast<void*>(aligned + size), start + HUGE_PAGE - aligned);
+    void* p = reinterpret_cast<void*>(aligned);
+    madvise(p, size, MADV_HUGEPAGE);
+    return p;
+}
+
+inline void free_bytes(void* p, size_t bytes) {
+    if (bytes < HUGE_PAGE) std::free(p);
+    else munmap(p, (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1));
+}
+
+template <typename T>
+struct HugeAllocator {
+    using value_type = T;
+    HugeAllocator() = default;
+    template <typename U>
+    HugeAllocator(const HugeAllocator<U>&) {}
+    T* allocate(size_t n) { return static_cast<T*>(alloc_bytes(n * sizeof(T))); }
+    void deallocate(T* p, size_t n) { free_bytes(p, n * sizeof(T)); }
+    template <typename U>
+    bool operator==(const HugeAllocator<U>&) const { return true; }
+    template <typename U>
+    bool operator!=(const HugeAllocator<U>&) const { return false; }
+};
+
 // ------------------------------------------------------------------------------------------- hash map
 
+// Chunk hash -> node id. A released node's entry is not erased: it goes stale (each entry records its node's
+// generation, and releasing a node bumps it), so finishing a request touches none of its nodes' slots. A
+// stale entry is overwritten when its hash comes back and dropped when the table is rebuilt; rebuilds happen
+// when live + stale entries reach half the slots (4x larger if more than a quarter are live, else the same
+// size), so every rebuild is paid for by a quarter of the table's inserts.
 class HashIndex {
   public:
-    HashIndex() { slots_.assign(64, Slot{0, NIL}); }
+    explicit HashIndex(const std::vector<uint32_t>& gens) : gens_(gens) { slots_.assign(64, Slot{0, NIL, 0}); }
 
     uint32_t find(uint64_t key) const {
         size_t mask = slots_.size() - 1;
         for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
             const Slot& s = slots_[i];
             if (s.val == NIL) return NIL;
-            if (s.key == key) return s.val;
+            if (s.key == key) return live(s) ? s.val : NIL;
         }
     }
 
     bool insert(uint64_t key, uint32_t val) {  // false if present
-        if ((size_ + 1) * 4 > slots_.size() * 3) grow();
+        if ((size_ + 1) * 2 > slots_.size()) rebuild(live_ * 4 < slots_.size() ? slots_.size() : slots_.size() * 4);
         size_t mask = slots_.size() - 1;
         for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
             Slot& s = slots_[i];
             if (s.val == NIL) {
-                s = Slot{key, val};
+                s = Slot{key, val, gens_[val]};
                 ++size_;
+                ++live_;
                 return true;
             }
-            if (s.key == key) return false;
+            if (s.key == key) {
+                if (live(s)) return false;
+                s = Slot{key, val, gens_[val]};
+                ++live_;
+                return true;
+            }
         }
     }
 
+    // Removes a live entry at once (an insert rolled back); released nodes go through `forget` instead.
     void erase(uint64_t key) {
         size_t mask = slots_.size() - 1;
         size_t i = mix(key) & mask;
@@ -338,6 +400,7 @@ class HashIndex {
             if (slots_[i].val == NIL) return;
             i = (i + 1) & mask;
         }
+        if (live(slots_[i])) --live_;
         for (size_t j = (i + 1) & mask; slots_[j].val != NIL; j = (j + 1) & mask) {
             size_t home = mix(slots_[j].key) & mask;
             // Move j into the hole at i unless its home lies cyclically in (i, j].
@@ -351,7 +414,16 @@ class HashIndex {
         --size_;
     }
 
-    size_t size() const { return size_; }
+    // A node was released (its generation already bumped): its entry is stale from now on.
+    void forget() { --live_; }
+
+    size_t size() const { return live_; }
+
+    size_t count_live() const {
+        size_t n = 0;
+        for (const Slot& s : slots_) n += s.val != NIL && live(s);
+        return n;
+    }
 
     void prefetch(uint64_t key) const { __builtin_prefetch(&slots_[mix(key) & (slots_.size() - 1)]); }
 
@@ -359,7 +431,9 @@ class HashIndex {
     struct Slot {
         uint64_t key;
         uint32_t val;
+        uint32_t gen;
     };
+    bool live(const Slot& s) const { return gens_[s.val] == s.gen; }
     static uint64_t mix(uint64_t x) {
         x ^= x >> 33;
         x *= 0xff51afd7ed558ccdULL;
@@ -368,21 +442,73 @@ class HashIndex {
         x ^= x >> 33;
         return x;
     }
-    void grow() {
-        std::vector<Slot> old;
+    // Live entries only, into `capacity` slots; each entry's new slot is prefetched a few entries ahead so the
+    // misses overlap. Growing 4x rehashes a third as many entries over a tree's growth as doubling.
+    void rebuild(size_t capacity) {
+        std::vector<Slot, HugeAllocator<Slot>> old;
         old.swap(slots_);
-        slots_.assign(old.size() * 2, Slot{0, NIL});
+        slots_.assign(capacity, Slot{0, NIL, 0});
         size_ = 0;
-        for (const Slot& s : old)
-            if (s.val != NIL) insert(s.key, s.val);
+        size_t mask = capacity - 1;
+        constexpr size_t AHEAD = 16;
+        auto kept = [&](size_t i) { return old[i].val != NIL && live(old[i]); };
+        for (size_t i = 0; i < std::min(AHEAD, old.size()); ++i)
+            if (kept(i)) __builtin_prefetch(&slots_[mix(old[i].key) & mask], 1);
+        for (size_t i = 0; i < old.size(); ++i) {
+            if (i + AHEAD < old.size() && kept(i + AHEAD)) __builtin_prefetch(&slots_[mix(old[i + AHEAD].key) & mask], 1);
+            if (!kept(i)) continue;
+            const Slot& s = old[i];
+            for (size_t j = mix(s.key) & mask;; j = (j + 1) & mask) {
+                if (slots_[j].val == NIL) {
+                    slots_[j] = s;
+                    ++size_;
+                    break;
+                }
+            }
+        }
     }
-    std::vector<Slot> slots_;
+    const std::vector<uint32_t>& gens_;  // the tree's node generations, by node id
+    std::vector<Slot, HugeAllocator<Slot>> slots_;
+    size_t size_ = 0;  // live and stale entries
+    size_t live_ = 0;
+};
+
+// ------------------------------------------------------------------------------------------- slab
+
+// Items in fixed blocks of 2**SHIFT: an id indexes them directly, growth never moves an item (a doubling
+// vector of 168-byte nodes copied ~1x its final size, and faulted in twice as much fresh memory, while a tree
+// of 10K-token prompts grew). Node blocks are one huge page.
+template <typename T, size_t SHIFT>
+class Slab {
+  public:
+    Slab() = default;
+    Slab(const Slab&) = delete;
+    Slab& operator=(const Slab&) = delete;
+    ~Slab() {
+        for (size_t i = 0; i < size_; ++i) (*this)[i].~T();
+        for (T* block : blocks_) free_bytes(block, (MASK + 1) * sizeof(T));
+    }
+    T& operator[](size_t i) { return blocks_[i >> SHIFT][i & MASK]; }
+    const T& operator[](size_t i) const { return blocks_[i >> SHIFT][i & MASK]; }
+    size_t size() const { return size_; }
+    void emplace_back() {  // items are constructed one by one as they are used, never a whole block ahead
+        if ((size_ & MASK) == 0) blocks_.push_back(static_cast<T*>(alloc_bytes((MASK + 1) * sizeof(T))));
+        new (&(*this)[size_]) T();
+        ++size_;
+    }
+
+  private:
+    static constexpr size_t MASK = (size_t{1} << SHIFT) - 1;
+    std::vector<T*> blocks_;
     size_t size_ = 0;
 };
 
 // ------------------------------------------------------------------------------------------- the tree
 
-struct Node {  // hot fields (walked along paths) first, in one cache line
+// Two cache lines: the first holds what path walks touch (counters, flags, hash) and the candidate heap; the
+// tier-2 fields only first-level nodes use live in a side slab (`FirstLevel`), so the many deep nodes of
+// long prompts carry none of them.
+struct alignas(64) Node {
     uint32_t parent = NIL;
     uint32_t depth = 0;
     uint32_t num_active = 0;
@@ -394,13 +520,18 @@ struct Node {  // hot fields (walked along paths) first, in one cache line
     bool has_stranger = false;
     uint64_t hash = 0;
     std::vector<CEntry> candidates;
-    Key best{};
     uint32_t best_req = NIL;
     uint32_t best_gen = 0;
-    uint64_t serial = 0;
+    Key best{};
     Key global_key{};
+    uint64_t serial = 0;
+    uint32_t level = NIL;  // first-level nodes: their `FirstLevel` slot
+};
+static_assert(sizeof(Node) == 128, "a node is two cache lines");
+
+struct FirstLevel {
     Key stranger_key{};  // (0, arrival, seq)
-    std::vector<AEntry> arrivals;  // first-level nodes only
+    std::vector<AEntry> arrivals;
 };
 
 struct Req {
@@ -422,10 +553,13 @@ struct List {
 
 class Core {
   public:
-    explicit Core(int64_t chunk_size) : chunk_size_(chunk_size) {
+    explicit Core(int64_t chunk_size) : chunk_size_(chunk_size), index_(node_gens_) {
         nodes_.emplace_back();
+        node_gens_.push_back(0);
         nodes_[ROOT].alive = true;
     }
+    Core(const Core&) = delete;
+    Core& operator=(const Core&) = delete;
 
     // ------------------------------------------------------------------ queries
 
@@ -435,8 +569,10 @@ class Core {
     size_t num_nodes() const { return num_nodes_; }
     size_t num_index_entries() const {
         size_t total = global_.size() + strangers_.size() + by_arrival_.size();
-        for (const Node& n : nodes_)
-            if (n.alive) total += n.candidates.size() + n.arrivals.size();
+        for (size_t id = 0; id < nodes_.size(); ++id) {
+            const Node& n = nodes_[id];
+            if (n.alive) total += n.candidates.size() + (n.depth == 1 ? levels_[n.level].arrivals.size() : 0);
+        }
         return total;
     }
     int64_t shared_depth() const { return shared_ == NIL ? 0 : nodes_[shared_].depth; }
@@ -482,35 +618,75 @@ class Core {
 
     std::vector<uint32_t> suspended() const { return suspended_; }
 
-    // best(): the handle and its description, or None.
-    nb::object best() {
-        uint32_t h = pop_sharing();
-        if (h == NIL) h = pop_stranger();
-        if (h == NIL) return nb::none();
-        return describe(h);
-    }
-
-    // The wrapper's handle -> request id list and the `Candidate` class, so that `best_candidate` and
-    // `candidate` build the result object here (what the frozen dataclass's own __init__ does, through
-    // object.__setattr__, without a Python frame).
-    void bind(nb::list ids, nb::handle candidate_cls) {
+    // The wrapper's id maps (request id -> handle dict, handle -> request id list), the `Candidate` class and
+    // the error classes, so that the per-step calls (best, activate, finish, ...) run here with no Python
+    // frame: they look the id up, build the `Candidate` (what the frozen dataclass's own __init__ does,
+    // through object.__setattr__) and raise the same exceptions as the Python core.
+    void bind(nb::dict handles, nb::list ids, nb::handle candidate_cls, nb::handle unknown, nb::handle transition) {
+        handles_ = handles;
         ids_ = ids;
         candidate_cls_ = nb::borrow(candidate_cls);
+        unknown_error_ = nb::borrow(unknown);
+        transition_error_ = nb::borrow(transition);
         static const char* names[] = {"request_id", "num_chunks", "num_missing", "depth_before", "depth_after",
                                       "num_sharing"};
         for (int i = 0; i < 6; ++i) field_names_[i] = nb::steal(PyUnicode_InternFromString(names[i]));
     }
 
-    nb::object best_candidate() {
-        uint32_t h = pop_sharing();
-        if (h == NIL) h = pop_stranger();
-        if (h == NIL) return nb::none();
+    // best(): the next waiting request's `Candidate`, or None; cached until the next mutation.
+    nb::object best() {
+        if (!best_valid_) {
+            // A sharer comes with its missing count (its global key), a stranger misses everything: no
+            // binary search along its path for it.
+            int64_t missing = -1;
+            uint32_t h = pop_sharing(missing);
+            if (h == NIL) h = pop_stranger();
+            best_cache_ = h == NIL ? nb::none() : candidate(h, missing);
+            best_valid_ = true;
+        }
+        return best_cache_;
+    }
+
+    nb::object candidate_of(nb::handle rid) {
+        uint32_t h = handle_of(rid);
+        if (reqs_[h].state != WAITING) raise_state(rid, h, nullptr);
         return candidate(h);
     }
 
-    nb::object candidate(uint32_t h) const {
+    void activate_id(nb::handle rid) { transition(rid, activate(handle_of(rid)), WAITING); }
+    void deactivate_id(nb::handle rid) { transition(rid, deactivate(handle_of(rid)), ACTIVE); }
+    void suspend_id(nb::handle rid) { transition(rid, suspend(handle_of(rid)), WAITING); }
+    void resume_id(nb::handle rid) { transition(rid, resume(handle_of(rid)), WAITING); }
+
+    void finish_id(nb::handle rid) {
+        uint32_t h = handle_of(rid);
+        transition(rid, finish(h), ACTIVE);
+        forget(rid, h);
+    }
+
+    void remove_id(nb::handle rid) {
+        uint32_t h = handle_of(rid);
+        transition(rid, remove(h), WAITING);
+        forget(rid, h);
+    }
+
+    bool discard_id(nb::handle rid) {
+        PyObject* value = PyDict_GetItemWithError(handles_.ptr(), rid.ptr());
+        if (value == nullptr) {
+            if (PyErr_Occurred()) throw nb::python_error();
+            return false;
+        }
+        uint32_t h = static_cast<uint32_t>(PyLong_AsUnsignedLong(value));
+        int64_t code = reqs_[h].state == ACTIVE ? finish(h) : remove(h);
+        transition(rid, code, reqs_[h].state);
+        forget(rid, h);
+        return true;
+    }
+
+
+    nb::object candidate(uint32_t h, int64_t missing = -1) const {
         int64_t values[5];
-        describe_into(h, values);
+        describe_into(h, values, missing);
         PyObject* empty = PyTuple_New(0);
         PyObject* obj = PyBaseObject_Type.tp_new(reinterpret_cast<PyTypeObject*>(candidate_cls_.ptr()), empty, nullptr);
         Py_DECREF(empty);
@@ -527,24 +703,20 @@ class Core {
         return result;
     }
 
-    nb::tuple describe(uint32_t h) const {
-        int64_t v[5];
-        describe_into(h, v);
-        return nb::make_tuple(h, v[0], v[1], v[2], v[3], v[4]);
-    }
-
     // (num_chunks, num_missing, depth_before, depth_after, num_sharing) of a waiting request.
-    void describe_into(uint32_t h, int64_t* out) const {
+    // `known_missing` >= 0: the request's missing count is already known (then the shared-prefix search stops
+    // at its deepest working-set node, where every running request's prefix ends too).
+    void describe_into(uint32_t h, int64_t* out, int64_t known_missing = -1) const {
         const auto& path = reqs_[h].path;
         int64_t len = static_cast<int64_t>(path.size());
         int64_t before, after, missing;
         if (num_active_ == 0) {
             before = after = missing = len;
         } else {
+            missing = known_missing >= 0 ? known_missing : len - last_depth(path, path.size(), 1);
             int64_t shared = shared_depth();
-            after = last_depth(path, static_cast<size_t>(std::min(len, shared)), num_active_);
+            after = last_depth(path, static_cast<size_t>(std::min(len - missing, shared)), num_active_);
             before = num_active_ > 1 ? shared : after;
-            missing = len - last_depth(path, path.size(), 1);
         }
         int64_t sharing = after ? static_cast<int64_t>(nodes_[path[static_cast<size_t>(after - 1)]].num_waiting) - 1 : 0;
         out[0] = len;
@@ -649,6 +821,7 @@ class Core {
             if (nodes_[path[d]].num_waiting > below) push_global(path[d]);
         }
         update_shared_after_activate(h);
+        best_valid_ = false;
         return OK;
     }
 
@@ -663,6 +836,7 @@ class Core {
         push_arrival(h);
         leave_working_set(h);
         if (nodes_[leaf].num_active > 0) push_global(leaf);
+        best_valid_ = false;
         return OK;
     }
 
@@ -672,6 +846,7 @@ class Core {
         prefetch_path(r.path);
         leave_working_set(h);
         drop_request(h);
+        best_valid_ = false;
         return OK;
     }
 
@@ -682,6 +857,7 @@ class Core {
         if (r.suspended) unsuspend(h);
         for (uint32_t id : r.path) --nodes_[id].num_waiting;
         drop_request(h);
+        best_valid_ = false;
         return OK;
     }
 
@@ -692,6 +868,7 @@ class Core {
         r.suspended = true;
         r.suspended_at = static_cast<uint32_t>(suspended_.size());
         suspended_.push_back(h);
+        best_valid_ = false;
         return OK;
     }
 
@@ -700,6 +877,7 @@ class Core {
         if (!r.suspended) return NOT_SUSPENDED;
         unsuspend(h);
         publish(h, r.path.size());
+        best_valid_ = false;
         return OK;
     }
 
@@ -713,6 +891,43 @@ class Core {
     std::string check() const;
 
   private:
+    // ------------------------------------------------------------------ request ids
+
+    uint32_t handle_of(nb::handle rid) const {
+        PyObject* value = PyDict_GetItemWithError(handles_.ptr(), rid.ptr());
+        if (value == nullptr) {
+            if (!PyErr_Occurred()) PyErr_Format(unknown_error_.ptr(), "request %R is not in the tree", rid.ptr());
+            throw nb::python_error();
+        }
+        return static_cast<uint32_t>(PyLong_AsUnsignedLong(value));
+    }
+
+    // Raises the Python core's `InvalidTransition` for a refused call (`code` != OK).
+    void transition(nb::handle rid, int64_t code, int expected) const {
+        if (code == OK) return;
+        if (code == ALREADY_SUSPENDED)
+            PyErr_Format(transition_error_.ptr(), "request %R is already suspended", rid.ptr());
+        else if (code == NOT_SUSPENDED)
+            PyErr_Format(transition_error_.ptr(), "request %R is not suspended", rid.ptr());
+        else
+            raise_state(rid, handle_of(rid), expected == ACTIVE ? "active" : "waiting");
+        throw nb::python_error();
+    }
+
+    [[noreturn]] void raise_state(nb::handle rid, uint32_t h, const char* expected) const {
+        const char* state = reqs_[h].state == ACTIVE ? "active" : "waiting";
+        if (expected == nullptr)
+            PyErr_Format(transition_error_.ptr(), "request %R is %s, not waiting", rid.ptr(), state);
+        else
+            PyErr_Format(transition_error_.ptr(), "request %R is %s, expected %s", rid.ptr(), state, expected);
+        throw nb::python_error();
+    }
+
+    void forget(nb::handle rid, uint32_t h) {
+        if (PyDict_DelItem(handles_.ptr(), rid.ptr()) != 0) throw nb::python_error();
+        if (PyList_SetItem(ids_.ptr(), h, Py_NewRef(Py_None)) != 0) throw nb::python_error();
+    }
+
     // ------------------------------------------------------------------ paths and counts
 
     int64_t insert(const std::vector<uint64_t>& hashes, double arrival, bool has_arrival) {
@@ -734,6 +949,7 @@ class Core {
         ++num_requests_;
         for (uint32_t id : r.path) ++nodes_[id].num_waiting;
         publish(h, num_existing);
+        best_valid_ = false;
         return (static_cast<int64_t>(r.path.size()) << 32) | h;
     }
 
@@ -778,6 +994,7 @@ class Core {
             Node& n = nodes_[path[j]];
             n.alive = true;
             n.serial = next_serial_++;
+            if (n.depth == 1) n.level = alloc_level();
             ++num_nodes_;
         }
         return OK;
@@ -790,7 +1007,18 @@ class Core {
             return id;
         }
         nodes_.emplace_back();
+        node_gens_.push_back(0);
         return static_cast<uint32_t>(nodes_.size() - 1);
+    }
+
+    uint32_t alloc_level() {
+        if (!free_levels_.empty()) {
+            uint32_t slot = free_levels_.back();
+            free_levels_.pop_back();
+            return slot;
+        }
+        levels_.emplace_back();
+        return static_cast<uint32_t>(levels_.size() - 1);
     }
 
     void free_slot(uint32_t id) {  // a slot never made alive (build_path rollback)
@@ -799,13 +1027,17 @@ class Core {
 
     void release_node(uint32_t id) {
         Node& n = nodes_[id];
-        index_.erase(n.hash);
         n.alive = false;
-        ++n.gen;
+        node_gens_[id] = ++n.gen;
+        index_.forget();
         n.has_best = n.has_global = n.has_stranger = false;
         n.num_active = n.num_waiting = 0;
         release(n.candidates);
-        release(n.arrivals);
+        if (n.depth == 1) {
+            release(levels_[n.level].arrivals);
+            free_levels_.push_back(n.level);
+            n.level = NIL;
+        }
         --num_nodes_;
         free_nodes_.push_back(id);
     }
@@ -843,11 +1075,6 @@ class Core {
         for (size_t i = path.size(); i-- > 0;) {
             const Node& n = nodes_[path[i]];
             if (n.num_active || n.num_waiting) break;
-            index_.prefetch(n.hash);
-        }
-        for (size_t i = path.size(); i-- > 0;) {
-            const Node& n = nodes_[path[i]];
-            if (n.num_active || n.num_waiting) break;
             release_node(path[i]);
         }
         for (uint32_t id : path) {
@@ -855,7 +1082,8 @@ class Core {
             if (!n.alive) break;
             size_t live = n.num_waiting + n.num_active;
             if (n.candidates.size() > 4 * live + COMPACT_MIN) compact_candidates(n.candidates);
-            if (n.depth == 1 && n.arrivals.size() > 4 * live + COMPACT_MIN) compact_arrivals(n.arrivals);
+            if (n.depth == 1 && levels_[n.level].arrivals.size() > 4 * live + COMPACT_MIN)
+                compact_arrivals(levels_[n.level].arrivals);
         }
     }
 
@@ -986,7 +1214,7 @@ class Core {
         Node& first = nodes_[r.path[0]];
         if (first.num_active == 0) {
             Key key{0, r.arrival, r.seq};
-            if (!first.has_stranger || key < first.stranger_key) push_stranger_key(r.path[0], key);
+            if (!first.has_stranger || key < levels_[first.level].stranger_key) push_stranger_key(r.path[0], key);
         }
     }
 
@@ -1048,9 +1276,9 @@ class Core {
         const Req& r = reqs_[h];
         AEntry e{AKey{r.arrival, r.seq}, h, r.gen};
         Node& first = nodes_[r.path[0]];
-        heap_push<AEntry, AAfter>(first.arrivals, e);
-        if (first.arrivals.size() > 4 * (first.num_waiting + first.num_active) + COMPACT_MIN)
-            compact_arrivals(first.arrivals);
+        auto& arrivals = levels_[first.level].arrivals;
+        heap_push<AEntry, AAfter>(arrivals, e);
+        if (arrivals.size() > 4 * (first.num_waiting + first.num_active) + COMPACT_MIN) compact_arrivals(arrivals);
         heap_push<AEntry, AAfter>(by_arrival_, e);
         if (by_arrival_.size() > 2 * num_requests_ + COMPACT_MIN) compact_arrivals(by_arrival_);
     }
@@ -1060,19 +1288,19 @@ class Core {
         if (top == nullptr) return;
         Key key{0, top->k.a, top->k.s};
         const Node& n = nodes_[first];
-        if (!n.has_stranger || key < n.stranger_key) push_stranger_key(first, key);
+        if (!n.has_stranger || key < levels_[n.level].stranger_key) push_stranger_key(first, key);
     }
 
     void push_stranger_key(uint32_t first, const Key& key) {
         Node& n = nodes_[first];
         n.has_stranger = true;
-        n.stranger_key = key;
+        levels_[n.level].stranger_key = key;
         heap_push<GEntry, GAfter>(strangers_, GEntry{key, next_push_++, first, n.gen});
         if (strangers_.size() > 2 * num_nodes_ + COMPACT_MIN) compact_strangers();
     }
 
     const AEntry* settle_arrivals(uint32_t first) {
-        auto& heap = nodes_[first].arrivals;
+        auto& heap = levels_[nodes_[first].level].arrivals;
         while (!heap.empty()) {
             const AEntry& e = heap.front();
             if (live_waiting(e.req, e.gen)) return &heap.front();
@@ -1138,7 +1366,8 @@ class Core {
         return nodes_[node].has_best;
     }
 
-    uint32_t pop_sharing() {
+    // The best sharer, and how many chunks it misses (its global key).
+    uint32_t pop_sharing(int64_t& missing) {
         while (!global_.empty()) {
             GEntry e = global_.front();
             Node& n = nodes_[e.node];
@@ -1164,6 +1393,7 @@ class Core {
                 heap_push<GEntry, GAfter>(global_, GEntry{key, next_push_++, e.node, n.gen});
                 continue;
             }
+            missing = key.n;
             return top->is_req ? top->item : nodes_[top->item].best_req;
         }
         return NIL;
@@ -1173,7 +1403,7 @@ class Core {
         while (!strangers_.empty()) {
             GEntry e = strangers_.front();
             Node& n = nodes_[e.node];
-            if (n.gen != e.gen || !n.has_stranger || n.stranger_key != e.k) {
+            if (n.gen != e.gen || !n.has_stranger || levels_[n.level].stranger_key != e.k) {
                 heap_pop<GEntry, GAfter>(strangers_);
                 continue;
             }
@@ -1189,8 +1419,8 @@ class Core {
                 continue;
             }
             Key key{0, top->k.a, top->k.s};
-            if (key != n.stranger_key) {
-                n.stranger_key = key;
+            if (key != levels_[n.level].stranger_key) {
+                levels_[n.level].stranger_key = key;
                 heap_pop<GEntry, GAfter>(strangers_);
                 heap_push<GEntry, GAfter>(strangers_, GEntry{key, next_push_++, e.node, n.gen});
                 continue;
@@ -1237,7 +1467,7 @@ class Core {
             const Node& n = nodes_[e.node];
             if (n.gen != e.gen || !n.alive) continue;
             bool has = global ? n.has_global : n.has_stranger;
-            const Key& key = global ? n.global_key : n.stranger_key;
+            const Key& key = global ? n.global_key : levels_[n.level].stranger_key;
             bool placed = global ? n.num_active > 0 : n.num_active == 0;
             if (has && key == e.k && placed) kept.push_back(e);
         }
@@ -1260,13 +1490,19 @@ class Core {
     void compact_strangers() { compact_roots(strangers_, false); }
 
     int64_t chunk_size_;
+    nb::dict handles_;
     nb::list ids_;
-    nb::object candidate_cls_;
+    nb::object candidate_cls_, unknown_error_, transition_error_;
+    nb::object best_cache_;
+    bool best_valid_ = false;
     nb::object field_names_[6];
-    std::vector<Node> nodes_;
+    Slab<Node, 14> nodes_;  // 16384 x 128 bytes: one huge page per block
     std::vector<uint32_t> free_nodes_;
-    std::vector<Req> reqs_;
+    Slab<FirstLevel, 8> levels_;
+    std::vector<uint32_t> free_levels_;
+    Slab<Req, 10> reqs_;
     std::vector<uint32_t> free_reqs_;
+    std::vector<uint32_t> node_gens_;  // nodes' generations by id, dense, for the hash index's stale checks
     HashIndex index_;
     List all_, running_;
     std::vector<uint32_t> suspended_;
@@ -1328,10 +1564,12 @@ std::string Core::check() const {
         REQUIRE(n.num_active + n.num_waiting > 0, "unreferenced node kept");
         size_t live = n.num_active + n.num_waiting;
         REQUIRE(n.candidates.size() <= 4 * live + COMPACT_MIN, "candidate heap unbounded");
-        REQUIRE(n.arrivals.size() <= 4 * live + COMPACT_MIN, "arrival heap unbounded");
-        REQUIRE(n.depth == 1 || (n.arrivals.empty() && !n.has_stranger), "arrival heap on a deeper node");
+        REQUIRE((n.depth == 1) == (n.level != NIL), "first-level slot missing, or on a deeper node");
+        REQUIRE(n.depth == 1 || !n.has_stranger, "a stranger key on a deeper node");
+        REQUIRE(n.depth != 1 || levels_[n.level].arrivals.size() <= 4 * live + COMPACT_MIN, "arrival heap unbounded");
     }
-    REQUIRE(alive == num_nodes_ && index_.size() == num_nodes_, "node registry size wrong");
+    REQUIRE(alive == num_nodes_ && index_.size() == num_nodes_ && index_.count_live() == num_nodes_,
+            "node registry size wrong");
     REQUIRE(nodes_[ROOT].candidates.empty(), "the root has candidates");
     REQUIRE(global_.size() <= 2 * num_nodes_ + COMPACT_MIN, "global heap unbounded");
     REQUIRE(strangers_.size() <= 2 * num_nodes_ + COMPACT_MIN, "stranger heap unbounded");
@@ -1377,7 +1615,7 @@ std::string Core::check() const {
     }
     for (const GEntry& e : strangers_) {
         const Node& n = nodes_[e.node];
-        if (n.gen == e.gen && n.has_stranger && n.stranger_key == e.k) live_strangers[e.node] = e.k;
+        if (n.gen == e.gen && n.has_stranger && levels_[n.level].stranger_key == e.k) live_strangers[e.node] = e.k;
     }
     for (uint32_t id = 1; id < nodes_.size(); ++id) {
         const Node& n = nodes_[id];
@@ -1396,11 +1634,11 @@ std::string Core::check() const {
         uint32_t first = r.path[0];
         if (nodes_[first].num_active == 0) {
             bool found = false;
-            for (const AEntry& e : nodes_[first].arrivals) found |= e.req == h && e.gen == r.gen;
+            for (const AEntry& e : levels_[nodes_[first].level].arrivals) found |= e.req == h && e.gen == r.gen;
             REQUIRE(found, "a stranger is missing from its arrival heap");
             const Node& f = nodes_[first];
             Key arrival_key{0, r.arrival, r.seq};
-            REQUIRE(f.has_stranger && f.stranger_key <= arrival_key, "no stranger entry bounds a request");
+            REQUIRE(f.has_stranger && levels_[f.level].stranger_key <= arrival_key, "no stranger entry bounds a request");
             continue;
         }
         REQUIRE(has_entry(r.path.back(), h, true, key, true), "no leaf entry for a waiting request");
@@ -1445,39 +1683,39 @@ NB_MODULE(_core, m) {
     m.attr("NOT_SUSPENDED") = static_cast<int64_t>(NOT_SUSPENDED);
     m.attr("BAD_ARRIVAL") = static_cast<int64_t>(BAD_ARRIVAL);
     m.def("chunk_hashes", &chunk_hashes, "tokens"_a, "chunk_size"_a, "seed"_a);
+    // Public names are the tree's own API (request ids); names with a leading underscore take the u32 handles
+    // the Python subclass (native.NativeTree) maps ids to.
     nb::class_<Core>(m, "Core")
         .def(nb::init<int64_t>())
-        .def_prop_ro("num_requests", &Core::num_requests)
+        .def_prop_ro("_num_requests", &Core::num_requests)
         .def_prop_ro("num_active", &Core::num_active)
         .def_prop_ro("num_suspended", &Core::num_suspended)
         .def_prop_ro("num_nodes", &Core::num_nodes)
         .def_prop_ro("num_index_entries", &Core::num_index_entries)
         .def_prop_ro("shared_depth", &Core::shared_depth)
-        .def("state", &Core::state)
-        .def("is_suspended", &Core::is_suspended)
-        .def("num_chunks", &Core::num_chunks)
-        .def("path_hashes", &Core::path_hashes)
-        .def("num_missing", &Core::num_missing)
-        .def("num_holding", &Core::num_holding)
-        .def("shares_prefix", &Core::shares_prefix)
-        .def("waiting", &Core::waiting)
-        .def("active", &Core::active)
-        .def("suspended", &Core::suspended)
+        .def("_bind", &Core::bind)
         .def("best", &Core::best)
-        .def("bind", &Core::bind)
-        .def("best_candidate", &Core::best_candidate)
-        .def("candidate", &Core::candidate)
-        .def("describe", &Core::describe)
-        .def("oldest", &Core::oldest)
-        .def("prefix_order", &Core::prefix_order)
-        .def("insert_tokens", &Core::insert_tokens)
-        .def("insert_hashes", &Core::insert_hashes)
-        .def("activate", &Core::activate)
-        .def("deactivate", &Core::deactivate)
-        .def("finish", &Core::finish)
-        .def("remove", &Core::remove)
-        .def("suspend", &Core::suspend)
-        .def("resume", &Core::resume)
+        .def("candidate", &Core::candidate_of)
+        .def("activate", &Core::activate_id)
+        .def("deactivate", &Core::deactivate_id)
+        .def("finish", &Core::finish_id)
+        .def("remove", &Core::remove_id)
+        .def("discard", &Core::discard_id)
+        .def("suspend", &Core::suspend_id)
+        .def("resume", &Core::resume_id)
         .def("resume_all", &Core::resume_all)
-        .def("check", &Core::check);
+        .def("_state", &Core::state)
+        .def("_is_suspended", &Core::is_suspended)
+        .def("_num_chunks", &Core::num_chunks)
+        .def("_path_hashes", &Core::path_hashes)
+        .def("_num_missing", &Core::num_missing)
+        .def("_num_holding", &Core::num_holding)
+        .def("_shares_prefix", &Core::shares_prefix)
+        .def("_waiting", &Core::waiting)
+        .def("_active", &Core::active)
+        .def("_oldest", &Core::oldest)
+        .def("_prefix_order", &Core::prefix_order)
+        .def("_insert_tokens", &Core::insert_tokens)
+        .def("_insert_hashes", &Core::insert_hashes)
+        .def("_check", &Core::check);
 }
