@@ -50,19 +50,30 @@ def _demo() -> Iterator[Case]:
 
 
 RAG = WorkloadConfig(
-    num_docs=200, doc_len_range=(3000, 12000), zipf_alpha=1.0, num_requests=1200, rate=20.0,
+    num_docs=200, doc_len_range=(3000, 12000), zipf_alpha=1.0, num_requests=600, rate=20.0,
     question_len=64, output_len=128,
 )  # fmt: skip
 """Issue 10's unseen RAG trace: 200 documents of 3K-12K tokens, Zipf popularity, Poisson 20 req/s; the
-request count (60 s of arrivals), question and output lengths are this sweep's choice."""
+request count (30 s of arrivals), question and output lengths are this sweep's choice."""
 
 
 def _rag() -> Iterator[Case]:
-    yield Case("rag", "rag", RAG, EngineConfig())
+    for gpu in ("h200", "a100-80gb"):
+        yield Case(f"{gpu} rag", "rag", RAG, EngineConfig(), gpu)
+
+
+NO_SHARING = WorkloadConfig(num_requests=400, prompt_len=2048, output_len=128)
+"""Issue 10's parity check: 400 unrelated 2K-token prompts (nothing shared), all at t=0, so the server is
+saturated and any batching loss shows in throughput."""
+
+
+def _no_sharing() -> Iterator[Case]:
+    for gpu in ("h200", "a100-80gb"):
+        yield Case(f"{gpu} no-sharing", "none", NO_SHARING, EngineConfig(), gpu)
 
 
 def _order_cases() -> Iterator[tuple[str, str, WorkloadConfig]]:
-    for groups in (8, 16, 32, 64):
+    for groups in (8, 16, 64):
         knobs = WorkloadConfig(
             num_groups=groups,
             prompts_per_group=512 // groups,
@@ -89,6 +100,7 @@ def _batch_order() -> Iterator[Case]:
 SWEEPS: dict[str, Callable[[], Iterator[Case]]] = {
     "demo": _demo,
     "rag": _rag,
+    "no-sharing": _no_sharing,
     "batch-order": _batch_order,
 }
 
@@ -104,6 +116,8 @@ METRICS = (
     ("num_wait_over", "waits > 20 s", "{:.0f}"),
     ("groups_per_decode_step", "groups/step", "{:.1f}"),
 )
+WAIT_METRICS = tuple((f"max_wait_q{i}", f"max wait s, length Q{i}", "{:.1f}") for i in range(1, 5))
+"""Longest queue wait per prompt-length quartile (Q1 shortest prompts): does waiting grow with length?"""
 
 
 def _cell(values: list[float], fmt: str) -> str:
@@ -122,10 +136,12 @@ def run_case(case: Case, policies: tuple[str, ...], seeds: list[int], cpu) -> li
         for policy in policies:
             log = simulate(requests, cost, RunSpec(policy), case.engine, cpu)
             s = summarize(policy, log)
-            over = sum(b.num_over for b in wait_by_length(log, 1, 20.0))
+            quartiles = wait_by_length(log, 4, 20.0)
+            over = sum(b.num_over for b in quartiles)
             base = s.output_tok_s if policy == "fcfs" else base
             row = {"case": case.label, "seed": seed, "batch_order": case.engine.batch_order}
             row |= {**asdict(s), "num_wait_over": over}
+            row |= {f"max_wait_q{i + 1}": b.wait_max_s for i, b in enumerate(quartiles)}
             row["x_fcfs"] = s.output_tok_s / base if base else float("nan")
             rows.append(row)
             print(
@@ -134,14 +150,14 @@ def run_case(case: Case, policies: tuple[str, ...], seeds: list[int], cpu) -> li
     return rows
 
 
-def table(rows: list[dict], policies: tuple[str, ...]) -> str:
-    head = ["case", "policy", *(h for _, h, _ in METRICS)]
+def table(rows: list[dict], policies: tuple[str, ...], metrics=METRICS) -> str:
+    head = ["case", "policy", *(h for _, h, _ in metrics)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for case in dict.fromkeys(r["case"] for r in rows):
         for policy in policies:
             mine = [r for r in rows if r["case"] == case and r["policy"] == policy]
             if mine:
-                cells = [_cell([r[k] for r in mine], fmt) for k, _, fmt in METRICS]
+                cells = [_cell([r[k] for r in mine], fmt) for k, _, fmt in metrics]
                 lines.append("| " + " | ".join([case, policy, *cells]) + " |")
     return "\n".join(lines)
 
@@ -193,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.only in case.label:
             rows += run_case(case, policies, list(range(args.seeds)), cpu)
     print(table(rows, policies))
+    print()
+    print(table(rows, policies, WAIT_METRICS))
     if len({r["batch_order"] for r in rows}) > 1:
         print()
         print(order_table(rows))
