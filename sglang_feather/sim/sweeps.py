@@ -121,10 +121,8 @@ WAIT_METRICS = tuple((f"max_wait_q{i}", f"max wait s, length Q{i}", "{:.1f}") fo
 
 
 def _cell(values: list[float], fmt: str) -> str:
-    med = fmt.format(float(np.median(values)))
-    if len(values) == 1 or min(values) == max(values):
-        return med
-    return f"{med} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+    med, low, high = (fmt.format(float(f(values))) for f in (np.median, min, max))
+    return med if low == high else f"{med} [{low}-{high}]"
 
 
 def run_case(case: Case, policies: tuple[str, ...], seeds: list[int], cpu) -> list[dict]:
@@ -173,20 +171,23 @@ def order_table(rows: list[dict]) -> str:
         if {"admission", "prefix"} <= set(pair):
             a, p = pair["admission"], pair["prefix"]
             ratios.setdefault((base, policy), []).append(
-                tuple(
+                (a["x_fcfs"], p["x_fcfs"])
+                + tuple(
                     p[k] / a[k] if a[k] else float("nan")
                     for k in ("tpot_p50_ms", "output_tok_s", "ttft_p99_s")
                 )
-                + (a["groups_per_decode_step"],)
+                + (a["ttft_p99_s"], a["cache_hit_rate"], a["groups_per_decode_step"])
             )
     lines = [
-        "| case | policy | TPOT p50 prefix/admission | tok/s prefix/admission | TTFT p99 prefix/admission "
+        "| case | policy | x FCFS (admission order) | x FCFS (prefix order) | TPOT p50 prefix/admission "
+        "| tok/s prefix/admission | TTFT p99 prefix/admission | TTFT p99 s (admission) | hit % (admission) "
         "| groups/step (admission) |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    formats = ("{:.2f}",) * 6 + ("{:.1%}", "{:.1f}")
     for (base, policy), vals in ratios.items():
         cols = list(zip(*vals, strict=True))
-        cells = [_cell(list(c), "{:.2f}") for c in cols[:3]] + [_cell(list(cols[3]), "{:.1f}")]
+        cells = [_cell(list(c), fmt) for c, fmt in zip(cols, formats, strict=True)]
         lines.append("| " + " | ".join([base, policy, *cells]) + " |")
     return "\n".join(lines)
 
@@ -201,16 +202,28 @@ def main(argv: list[str] | None = None) -> int:
         "--fixed-cpu-ms", type=float, help="charge this scheduler CPU per call instead of measuring"
     )
     p.add_argument("--json", help="write every run's summary here")
+    p.add_argument(
+        "--load",
+        nargs="+",
+        metavar="JSON",
+        help="print the tables of runs saved with --json instead of running",
+    )
     args = p.parse_args(argv)
     policies = tuple(x for x in args.policies.split(",") if x)
     cpu = MeasuredCpu() if args.fixed_cpu_ms is None else FixedCpu(args.fixed_cpu_ms / 1e3)
     rows = []
-    for case in SWEEPS[args.sweep]():
-        if args.only in case.label:
-            rows += run_case(case, policies, list(range(args.seeds)), cpu)
+    if args.load:
+        for path in args.load:
+            with open(path, encoding="utf-8") as f:
+                rows += [r for r in json.load(f) if args.only in r["case"]]
+    else:
+        for case in SWEEPS[args.sweep]():
+            if args.only in case.label:
+                rows += run_case(case, policies, list(range(args.seeds)), cpu)
     print(table(rows, policies))
-    print()
-    print(table(rows, policies, WAIT_METRICS))
+    if all("max_wait_q1" in r for r in rows):
+        print()
+        print(table(rows, policies, WAIT_METRICS))
     if len({r["batch_order"] for r in rows}) > 1:
         print()
         print(order_table(rows))
