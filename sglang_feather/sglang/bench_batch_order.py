@@ -27,6 +27,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
+from sglang_feather.admission import AdmissionConfig  # noqa: E402
 from sglang_feather.sglang import batch_order  # noqa: E402
 from sglang_feather.sglang.options import FeatherOptions  # noqa: E402
 from sglang_feather.sglang.policy import FeatherSchedulePolicy  # noqa: E402
@@ -75,7 +76,9 @@ class _Bench:
             )
         )
         policy = FeatherSchedulePolicy("feather", self.cache, False, False, False)
-        options = FeatherOptions(stopper="always", chunk_size=CHUNK, batch_order=batch_order.PREFIX)
+        options = FeatherOptions(
+            AdmissionConfig(stopper="always", chunk_size=CHUNK), batch_order=batch_order.PREFIX
+        )
         policy.configure(options)
         self.scheduler = _SchedulerView(policy=policy, waiting_queue=[], chunked_req=None, running_batch=None)
         batch_order.attach(self.scheduler, options.batch_order)

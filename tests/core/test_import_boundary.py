@@ -8,7 +8,7 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "sglang_feather"
-CORE = ["cht", "policy", "sim", "admission.py", "types.py"]
+CORE = ["cht", "policy", "sim", "admission.py", "options.py", "types.py"]
 ENGINES = {"torch", "sglang", "vllm", "triton"}
 
 
@@ -35,7 +35,7 @@ def test_core_source_has_no_engine_import(path):
 def test_importing_core_loads_no_engine():
     code = (
         "import sys, importlib\n"
-        "for m in ['sglang_feather.cht', 'sglang_feather.policy', 'sglang_feather.admission', "
+        "for m in ['sglang_feather.cht', 'sglang_feather.policy', 'sglang_feather.admission', 'sglang_feather.options', "
         "'sglang_feather.sim']:\n"
         "    importlib.import_module(m)\n"
         f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {sorted(ENGINES)!r})\n"

@@ -16,6 +16,7 @@ from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 
+from sglang_feather.admission import AdmissionConfig
 from sglang_feather.sglang.options import FeatherOptions
 from sglang_feather.sglang.policy import FeatherSchedulePolicy
 
@@ -73,7 +74,9 @@ def feather_policy(
     cache, options: FeatherOptions | None = None, clock: FakeClock | None = None, metrics=None
 ):
     policy = FeatherSchedulePolicy("feather", cache, False, False, False)
-    policy.configure(options or FeatherOptions(stopper="always"), metrics, clock or FakeClock())
+    policy.configure(
+        options or FeatherOptions(AdmissionConfig(stopper="always")), metrics, clock or FakeClock()
+    )
     return policy
 
 

@@ -94,6 +94,7 @@ def probe(argv: list[str]) -> dict:
         "policy_class": type(scheduler.policy).__name__,
         "adder_class": adder_cls.__name__,
         "options": repr(feather.options) if feather is not None else None,
+        "state_tag": dict(feather.config.state_tag) if feather is not None else None,
         "order": order,
         "admitted": [req.rid for req in adder.can_run_list],
     }

@@ -25,6 +25,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+from sglang_feather.admission import AdmissionConfig
 from sglang_feather.sglang import batch_order, plugin
 from sglang_feather.sglang.metrics import FeatherMetrics
 from sglang_feather.sglang.options import (
@@ -36,7 +37,7 @@ from sglang_feather.sglang.options import (
 
 TINY_MODEL = Path(__file__).resolve().parents[2] / "models" / "tiny-llama"
 CHUNK = 4
-PREFIX_OPTIONS = FeatherOptions(stopper="always", chunk_size=CHUNK, batch_order="prefix")
+PREFIX_OPTIONS = FeatherOptions(AdmissionConfig(stopper="always", chunk_size=CHUNK), batch_order="prefix")
 
 TOKENIZER = SimpleNamespace(eos_token_id=2, additional_stop_token_ids=None)
 """What `min_new_tokens` reads of the tokenizer the scheduler gives each request: the tiny model's EOS id."""
