@@ -52,10 +52,13 @@ logger = logging.getLogger(__name__)
 # (batch size, shared-prefix depth before/after, w, queue length, wait) and says ADD or STOP; the engine
 # `accept`s (the request's chunks enter the working set), `decline`s (STOP ends the pass) or `withdraw`s
 # (its own budget refused; nothing is learned). Reward window: the first stopper decision of a pass closes
-# the open window, whose decode throughput (tokens reported by `on_decode_step` over its duration) rewards
-# every decision made in it, and opens the next; `on_batch_drained()` closes it without opening one, so idle
-# time never dilutes a reward. Lifecycle events (`finish`, `abort`, `retract`, `requeue`) keep the CHT equal
-# to the engine's queues.
+# the open window, whose decode throughput rewards every decision made in it, and opens the next;
+# `on_batch_drained()` closes it without opening one, so idle time never dilutes a reward. Decode throughput
+# is tokens of decode-only steps (`on_decode_step`) over the time those steps took: a step that computed
+# prompt tokens (`on_prefill_step`) counts neither tokens nor time. The prefill is work that STOP does not
+# avoid (the stopped request waits and is prefilled in a later pass), so charging it to the window that
+# admitted it would make every ADD look slower than a STOP whose window is a bare decode step. Lifecycle
+# events (`finish`, `abort`, `retract`, `requeue`) keep the CHT equal to the engine's queues.
 
 
 DEFAULT_STOPPER = "ucb"
@@ -220,8 +223,11 @@ class Admission:
         self._page_size = page_size
         self._state_tag = dict(state_tag or {})
         self._decided_this_pass = False
-        self._window_start: float | None = None
+        self._window_open = False
         self._window_tokens = 0
+        self._window_decode_s = 0.0
+        self._last_event_s: float | None = None
+        """When the last step report (or the window's opening) happened: a step's duration is measured from it."""
         if state_path is not None:
             load_state(stopper, state_path, tag=self._state_tag)
 
@@ -483,25 +489,44 @@ class Admission:
     # ----------------------------------------------------------------- learning
 
     def on_decode_step(self, num_tokens: int) -> None:
-        """The engine decoded `num_tokens` tokens in one step (counted while a reward window is open)."""
-        if self._window_start is not None:
+        """A decode-only step finished: it produced `num_tokens` tokens in the time since the previous step
+        report (or since the window opened). Report each forward step when it is done."""
+        elapsed = self._step_elapsed()
+        if self._window_open:
             self._window_tokens += num_tokens
+            self._window_decode_s += elapsed
+
+    def on_prefill_step(self) -> None:
+        """A step that computed prompt tokens (a prefill, a chunk of one, or a step mixing prefill and decode)
+        finished: neither its time nor its tokens count towards the reward window."""
+        self._step_elapsed()
+
+    def _step_elapsed(self) -> float:
+        now = self.clock()
+        elapsed = 0.0 if self._last_event_s is None else max(0.0, now - self._last_event_s)
+        self._last_event_s = now
+        return elapsed
 
     def on_batch_drained(self) -> None:
         """Nothing runs any more: reward the open window and open none until the next decision."""
         self._close_window()
-        self._window_start = None
+        self._window_open = False
+        self._last_event_s = None
 
     def _roll_window(self) -> None:
         """At a pass's first stopper decision: reward the open window if it decoded anything, open the next."""
-        if self._window_start is None or self._close_window():
-            self._window_start = self.clock()
+        if not self._window_open or self._close_window():
+            self._window_open = True
+            self._window_tokens = 0
+            self._window_decode_s = 0.0
+            self._last_event_s = self.clock()
 
     def _close_window(self) -> bool:
-        if self._window_start is None or self._window_tokens == 0:
+        if not self._window_open or self._window_tokens == 0:
             return False
-        self.end_window(self._window_tokens, self.clock() - self._window_start)
+        self.end_window(self._window_tokens, self._window_decode_s)
         self._window_tokens = 0
+        self._window_decode_s = 0.0
         return True
 
     def end_window(self, num_tokens: int, elapsed_s: float) -> float | None:

@@ -33,8 +33,10 @@ SELF_CHECK_INTERVAL_S = 5.0
 # into the slot the loop reaches next (one `list.index` and one move: C-speed, no Python loop over W), so the
 # loop walks Feather's order while SGLang's token and KV budgets keep the last word. Candidates whose prefix an
 # in-flight prefill is computing are skipped by the admission component (the cache view is SGLang's own
-# `match_kv_cache`, the same match `lpm` makes); when Feather has nothing more to offer the pass ends. Every
-# step end reports decode tokens to the admission's reward window; every SELF_CHECK_INTERVAL_S a full
+# `match_kv_cache`, the same match `lpm` makes); when Feather has nothing more to offer the pass ends. The
+# batch launched at one step end has run by the next pass or step end (with the overlap scheduler, to within
+# one step), which reports it to the admission's reward window: a decode batch with its tokens, a batch
+# that computed prompt tokens (extend, mixed or not) as a prefill step; every SELF_CHECK_INTERVAL_S a full
 # reconcile runs and counts drift. Any exception inside Feather is logged with the request ids, counted, and
 # turns the rest of that pass into SGLang's FCFS; the tree is rebuilt from the queues at the next step end.
 
@@ -70,6 +72,9 @@ class FeatherRuntime:
         self._last_save = clock()
         self._last_check = clock()
         self._saved_windows = 0
+        self._launched: int | None = None
+        """Decode tokens of the batch launched at the last step end, 0 for a batch that computed prompt
+        tokens, None when none is unreported."""
         self.num_drift = 0
         self.num_errors = 0
         if tree_cache is not None:
@@ -105,6 +110,7 @@ class FeatherRuntime:
         self._queue = waiting_queue
         self._fcfs_pass = False
         try:
+            self._report_launched()
             self.admission.begin_pass()
             if self._needs_rebuild:
                 self._rebuild(waiting_queue, running)
@@ -206,14 +212,13 @@ class FeatherRuntime:
         self._queue = None
         try:
             self.admission.end_pass()
+            self._report_launched()
             batch, running = plan.batch_to_run, plan.running_batch
             if batch is not None:
                 if batch.forward_mode.is_decode():
-                    self.admission.on_decode_step(batch.batch_size())
+                    self._launched = batch.batch_size()
                 else:
-                    decoding = getattr(batch, "decoding_reqs", None)
-                    if decoding:
-                        self.admission.on_decode_step(len(decoding))
+                    self._launched = 0
                     if self.metrics is not None and running is not None:
                         self.metrics.decode_batch(self._num_groups(running.reqs))
             now = self.clock()
@@ -231,6 +236,16 @@ class FeatherRuntime:
             self.metrics.tracked(self.tree.num_waiting, self.tree.num_active)
             self.metrics.scheduler_step(self._step_s)
         self._step_s = 0.0
+
+    def _report_launched(self) -> None:
+        """The batch launched at the last step end has run: report it to the reward window (once)."""
+        num_tokens, self._launched = self._launched, None
+        if num_tokens is None:
+            return
+        if num_tokens:
+            self.admission.on_decode_step(num_tokens)
+        else:
+            self.admission.on_prefill_step()
 
     def _num_groups(self, reqs: Sequence[Any]) -> int:
         groups = {self.mirror.first_hash(req.rid) for req in reqs}

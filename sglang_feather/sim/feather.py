@@ -16,8 +16,8 @@ from sglang_feather.sim.policies import PassContext, PolicySetup
 # is what the simulator's prefix cache holds for the request (so a request whose shared prefix is running
 # but not yet cached is skipped for the pass), and finish and retraction events go to Admission so its CHT
 # always equals the engine's queues. The stopper's reward window is Admission's own: each decode step's
-# tokens go to `on_decode_step`, and `on_batch_drained` when no request runs any more, as in the SGLang
-# adapter.
+# tokens go to `on_decode_step` and each prefill step to `on_prefill_step` when the step ends, and
+# `on_batch_drained` when no request runs any more, as in the SGLang and vLLM adapters.
 
 
 class FeatherPolicy:
@@ -49,5 +49,7 @@ class FeatherPolicy:
     def on_step(self, num_tokens: int, elapsed_s: float) -> None:
         if num_tokens:
             self.admission.on_decode_step(num_tokens)
+        else:
+            self.admission.on_prefill_step()
         if self.admission.tree.num_active == 0:
             self.admission.on_batch_drained()

@@ -50,19 +50,30 @@ def _demo() -> Iterator[Case]:
 
 
 RAG = WorkloadConfig(
-    num_docs=200, doc_len_range=(3000, 12000), zipf_alpha=1.0, num_requests=1200, rate=20.0,
+    num_docs=200, doc_len_range=(3000, 12000), zipf_alpha=1.0, num_requests=600, rate=20.0,
     question_len=64, output_len=128,
 )  # fmt: skip
 """Issue 10's unseen RAG trace: 200 documents of 3K-12K tokens, Zipf popularity, Poisson 20 req/s; the
-request count (60 s of arrivals), question and output lengths are this sweep's choice."""
+request count (30 s of arrivals), question and output lengths are this sweep's choice."""
 
 
 def _rag() -> Iterator[Case]:
-    yield Case("rag", "rag", RAG, EngineConfig())
+    for gpu in ("h200", "a100-80gb"):
+        yield Case(f"{gpu} rag", "rag", RAG, EngineConfig(), gpu)
+
+
+NO_SHARING = WorkloadConfig(num_requests=400, prompt_len=2048, output_len=128)
+"""Issue 10's parity check: 400 unrelated 2K-token prompts (nothing shared), all at t=0, so the server is
+saturated and any batching loss shows in throughput."""
+
+
+def _no_sharing() -> Iterator[Case]:
+    for gpu in ("h200", "a100-80gb"):
+        yield Case(f"{gpu} no-sharing", "none", NO_SHARING, EngineConfig(), gpu)
 
 
 def _order_cases() -> Iterator[tuple[str, str, WorkloadConfig]]:
-    for groups in (8, 16, 32, 64):
+    for groups in (8, 16, 64):
         knobs = WorkloadConfig(
             num_groups=groups,
             prompts_per_group=512 // groups,
@@ -89,6 +100,7 @@ def _batch_order() -> Iterator[Case]:
 SWEEPS: dict[str, Callable[[], Iterator[Case]]] = {
     "demo": _demo,
     "rag": _rag,
+    "no-sharing": _no_sharing,
     "batch-order": _batch_order,
 }
 
@@ -104,13 +116,13 @@ METRICS = (
     ("num_wait_over", "waits > 20 s", "{:.0f}"),
     ("groups_per_decode_step", "groups/step", "{:.1f}"),
 )
+WAIT_METRICS = tuple((f"max_wait_q{i}", f"max wait s, length Q{i}", "{:.1f}") for i in range(1, 5))
+"""Longest queue wait per prompt-length quartile (Q1 shortest prompts): does waiting grow with length?"""
 
 
 def _cell(values: list[float], fmt: str) -> str:
-    med = fmt.format(float(np.median(values)))
-    if len(values) == 1 or min(values) == max(values):
-        return med
-    return f"{med} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+    med, low, high = (fmt.format(float(f(values))) for f in (np.median, min, max))
+    return med if low == high else f"{med} [{low}-{high}]"
 
 
 def run_case(case: Case, policies: tuple[str, ...], seeds: list[int], cpu) -> list[dict]:
@@ -122,10 +134,12 @@ def run_case(case: Case, policies: tuple[str, ...], seeds: list[int], cpu) -> li
         for policy in policies:
             log = simulate(requests, cost, RunSpec(policy), case.engine, cpu)
             s = summarize(policy, log)
-            over = sum(b.num_over for b in wait_by_length(log, 1, 20.0))
+            quartiles = wait_by_length(log, 4, 20.0)
+            over = sum(b.num_over for b in quartiles)
             base = s.output_tok_s if policy == "fcfs" else base
             row = {"case": case.label, "seed": seed, "batch_order": case.engine.batch_order}
             row |= {**asdict(s), "num_wait_over": over}
+            row |= {f"max_wait_q{i + 1}": b.wait_max_s for i, b in enumerate(quartiles)}
             row["x_fcfs"] = s.output_tok_s / base if base else float("nan")
             rows.append(row)
             print(
@@ -134,14 +148,14 @@ def run_case(case: Case, policies: tuple[str, ...], seeds: list[int], cpu) -> li
     return rows
 
 
-def table(rows: list[dict], policies: tuple[str, ...]) -> str:
-    head = ["case", "policy", *(h for _, h, _ in METRICS)]
+def table(rows: list[dict], policies: tuple[str, ...], metrics=METRICS) -> str:
+    head = ["case", "policy", *(h for _, h, _ in metrics)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for case in dict.fromkeys(r["case"] for r in rows):
         for policy in policies:
             mine = [r for r in rows if r["case"] == case and r["policy"] == policy]
             if mine:
-                cells = [_cell([r[k] for r in mine], fmt) for k, _, fmt in METRICS]
+                cells = [_cell([r[k] for r in mine], fmt) for k, _, fmt in metrics]
                 lines.append("| " + " | ".join([case, policy, *cells]) + " |")
     return "\n".join(lines)
 
@@ -157,20 +171,23 @@ def order_table(rows: list[dict]) -> str:
         if {"admission", "prefix"} <= set(pair):
             a, p = pair["admission"], pair["prefix"]
             ratios.setdefault((base, policy), []).append(
-                tuple(
+                (a["x_fcfs"], p["x_fcfs"])
+                + tuple(
                     p[k] / a[k] if a[k] else float("nan")
                     for k in ("tpot_p50_ms", "output_tok_s", "ttft_p99_s")
                 )
-                + (a["groups_per_decode_step"],)
+                + (a["ttft_p99_s"], a["cache_hit_rate"], a["groups_per_decode_step"])
             )
     lines = [
-        "| case | policy | TPOT p50 prefix/admission | tok/s prefix/admission | TTFT p99 prefix/admission "
+        "| case | policy | x FCFS (admission order) | x FCFS (prefix order) | TPOT p50 prefix/admission "
+        "| tok/s prefix/admission | TTFT p99 prefix/admission | TTFT p99 s (admission) | hit % (admission) "
         "| groups/step (admission) |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    formats = ("{:.2f}",) * 6 + ("{:.1%}", "{:.1f}")
     for (base, policy), vals in ratios.items():
         cols = list(zip(*vals, strict=True))
-        cells = [_cell(list(c), "{:.2f}") for c in cols[:3]] + [_cell(list(cols[3]), "{:.1f}")]
+        cells = [_cell(list(c), fmt) for c, fmt in zip(cols, formats, strict=True)]
         lines.append("| " + " | ".join([base, policy, *cells]) + " |")
     return "\n".join(lines)
 
@@ -185,14 +202,28 @@ def main(argv: list[str] | None = None) -> int:
         "--fixed-cpu-ms", type=float, help="charge this scheduler CPU per call instead of measuring"
     )
     p.add_argument("--json", help="write every run's summary here")
+    p.add_argument(
+        "--load",
+        nargs="+",
+        metavar="JSON",
+        help="print the tables of runs saved with --json instead of running",
+    )
     args = p.parse_args(argv)
     policies = tuple(x for x in args.policies.split(",") if x)
     cpu = MeasuredCpu() if args.fixed_cpu_ms is None else FixedCpu(args.fixed_cpu_ms / 1e3)
     rows = []
-    for case in SWEEPS[args.sweep]():
-        if args.only in case.label:
-            rows += run_case(case, policies, list(range(args.seeds)), cpu)
+    if args.load:
+        for path in args.load:
+            with open(path, encoding="utf-8") as f:
+                rows += [r for r in json.load(f) if args.only in r["case"]]
+    else:
+        for case in SWEEPS[args.sweep]():
+            if args.only in case.label:
+                rows += run_case(case, policies, list(range(args.seeds)), cpu)
     print(table(rows, policies))
+    if all("max_wait_q1" in r for r in rows):
+        print()
+        print(table(rows, policies, WAIT_METRICS))
     if len({r["batch_order"] for r in rows}) > 1:
         print()
         print(order_table(rows))

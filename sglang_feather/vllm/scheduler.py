@@ -35,7 +35,8 @@ logger = init_logger("vllm.feather")
 # the block allocation, chunked prefill and preemption; the others are put back behind them afterwards.
 # vLLM's events then drive the CHT: a planned request vLLM did not admit and every preempted request is
 # retracted (back to waiting), finished and aborted requests leave. The stopper's reward window is
-# Admission's own: update_from_output reports each step's sampled tokens (`on_decode_step`) and an emptied
+# Admission's own: update_from_output reports each finished step, a decode step with its sampled tokens
+# (`on_decode_step`), a step that computed prompt tokens without them (`on_prefill_step`), and an emptied
 # batch (`on_batch_drained`); Admission opens and closes the windows at its decisions. Each pass passes
 # vLLM's prefix-cache hit (`CapacityEstimate.cached_tokens`) as the hint for deferring an in-flight prefix.
 
@@ -126,8 +127,12 @@ class FeatherScheduler(Scheduler):
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> Any:
+        computed_prefill = _computed_prefill(scheduler_output)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        self.admission.on_decode_step(sum(map(len, model_runner_output.sampled_token_ids)))
+        if computed_prefill:
+            self.admission.on_prefill_step()
+        else:
+            self.admission.on_decode_step(sum(map(len, model_runner_output.sampled_token_ids)))
         if not self.running:
             self.admission.on_batch_drained()
         return outputs
@@ -157,3 +162,9 @@ class FeatherScheduler(Scheduler):
         self.waiting.clear()
         self.waiting.extend(chosen)
         return held
+
+
+def _computed_prefill(output: SchedulerOutput) -> bool:
+    """The step computed prompt tokens: some request ran more tokens than one plus its speculative drafts."""
+    drafts = output.scheduled_spec_decode_tokens
+    return any(n > 1 + len(drafts.get(rid, ())) for rid, n in output.num_scheduled_tokens.items())

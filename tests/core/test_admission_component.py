@@ -142,6 +142,72 @@ def test_reward_goes_to_every_decision_of_the_window():
     assert adm.end_window(num_tokens=0, elapsed_s=0.5) is None and len(seen) == 2
 
 
+def _record_windows(adm):
+    seen = []
+    adm.stopper.feedback = lambda records, throughput: (
+        seen.append(([r.decision for r in records], throughput)) or 0.5
+    )
+    return seen
+
+
+def test_window_measures_decode_throughput_without_the_prefill_steps():
+    adm, clock = make("ucb")
+    seen = _record_windows(adm)
+    adm.enqueue("a", GROUP_A + [1])
+    adm.select(0)  # opens the window at t=0
+    clock.now = 2.0
+    adm.on_prefill_step()  # a's prefill took 2 s: neither its time nor its tokens count
+    for _ in range(4):
+        clock.now += 0.5
+        adm.on_decode_step(10)
+    adm.enqueue("b", GROUP_B + [1])
+    adm.select(1)  # the next pass's first decision rewards the window: 40 tokens over 2 s of decoding
+    assert seen == [([Decision.ADD], 20.0)]
+
+
+def test_a_stop_and_an_add_with_equal_decode_speed_earn_equal_rewards():
+    """Regression: the window of an ADD holds the prefill it caused, a STOP's holds only decode steps. With
+    the prefill's time in the window every ADD scored below a STOP, although the stopped request is prefilled
+    in a later pass anyway, and ucb learned to stop under continuous arrivals (docs/simulator.md)."""
+    adm, clock = make("ucb")
+    seen = _record_windows(adm)
+    adm.enqueue("a", GROUP_A + [1])
+    adm.select(0)
+    adm.on_prefill_step()
+    clock.now += 0.02
+    adm.on_decode_step(1)
+    adm.stopper.decide = lambda obs: Decision.ADD
+    adm.enqueue("b", GROUP_B + [1])
+    adm.select(1)  # ADD b: its window holds b's 0.05 s prefill and one 0.01 s decode step of 2 tokens
+    clock.now += 0.05
+    adm.on_prefill_step()
+    clock.now += 0.01
+    adm.on_decode_step(2)
+    adm.stopper.decide = lambda obs: Decision.STOP
+    adm.enqueue("c", [3] * 32 + [1])
+    adm.select(2)  # STOP c: its window is one 0.01 s decode step of 2 tokens
+    clock.now += 0.01
+    adm.on_decode_step(2)
+    adm.select(2)
+    assert [decisions for decisions, _ in seen] == [[Decision.ADD], [Decision.ADD], [Decision.STOP]]
+    assert seen[1][1] == pytest.approx(200.0) and seen[2][1] == pytest.approx(200.0)
+
+
+def test_steps_while_no_window_is_open_are_not_rewarded():
+    adm, clock = make("ucb")
+    seen = _record_windows(adm)
+    adm.enqueue("a", GROUP_A + [1])
+    adm.select(0)
+    clock.now += 1.0
+    adm.on_decode_step(5)
+    adm.on_batch_drained()
+    assert seen == [([Decision.ADD], 5.0)]
+    clock.now += 100.0  # idle, then a step report before any decision opens a window
+    adm.on_decode_step(7)
+    adm.on_batch_drained()
+    assert len(seen) == 1
+
+
 @pytest.mark.parametrize(
     "kw",
     [

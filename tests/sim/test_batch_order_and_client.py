@@ -118,7 +118,7 @@ def test_bad_engine_options_are_refused():
 
 def test_sweep_tables_take_per_seed_ratios():
     from sglang_feather.sim.cpu import FixedCpu
-    from sglang_feather.sim.sweeps import Case, order_table, run_case, table
+    from sglang_feather.sim.sweeps import WAIT_METRICS, Case, order_table, run_case, table
 
     knobs = WorkloadConfig(num_groups=2, prompts_per_group=3, prefix_len=64, question_len=8, output_len=6)
     rows = []
@@ -127,5 +127,7 @@ def test_sweep_tables_take_per_seed_ratios():
         rows += run_case(case, ("fcfs", "feather"), [0, 1], FixedCpu(0.0))
     assert len(rows) == 8 and all(r["x_fcfs"] == 1.0 for r in rows if r["policy"] == "fcfs")
     assert "| tiny prefix | feather |" in table(rows, ("fcfs", "feather"))
+    assert all(r["max_wait_q4"] <= r["max_queue_wait_s"] for r in rows)
+    assert "| max wait s, length Q4 |" in table(rows, ("fcfs", "feather"), WAIT_METRICS)
     ratios = order_table(rows)
     assert "| tiny | fcfs |" in ratios and "| tiny | feather |" in ratios

@@ -200,9 +200,12 @@ def test_a_window_runs_from_a_passs_first_decision_until_the_batch_drains():
         driver.add(f"r{i}", prompt(0, 2, i, 5), max_tokens=4)
     driver.run()
     assert driver.num_sampled == [3, 3, 3, 3]
-    assert windows == [(12, 2.0)], "one window: 4 steps of 0.5 s, closed when the batch drained"
+    assert windows == [(9, 1.5)], (
+        "one window, closed when the batch drained: 3 decode steps of 0.5 s (the prefill step, which "
+        "sampled 3 tokens, counts neither)"
+    )
     driver.step()  # idle: no window is open, nothing is rewarded
-    assert windows == [(12, 2.0)]
+    assert windows == [(9, 1.5)]
     assert driver.scheduler.admission.stats.last_reward is not None
 
 
@@ -214,10 +217,14 @@ def test_the_next_passs_first_decision_rewards_the_window_before_it():
     driver.step()
     driver.step()
     driver.add("b", prompt(1, 2, 0, 5), max_tokens=2)
-    driver.step()  # b's pass decides at t=1003: a's 3 tokens over 3 s reward a's ADD; a new window opens
-    assert windows == [(3, 3.0)]
+    driver.step()  # b's pass decides at t=1003: a's 2 decode tokens over 2 s reward a's ADD (a's prefill
+    # step counts neither its time nor its token); a new window opens
+    assert windows == [(2, 2.0)]
     driver.run()
-    assert windows[1:] == [(3 + 2, 3.0)], "a's last 3 tokens and b's 2, from b's decision until drained"
+    assert windows[1:] == [(2 + 1, 2.0)], (
+        "from b's decision until drained: the step with b's prefill counts nothing, then a and b decode "
+        "together (2 tokens) and a alone (1)"
+    )
 
 
 def test_learned_state_is_saved_on_shutdown_and_loaded_on_start(tmp_path):
