@@ -17,6 +17,8 @@ DEFAULT_MODEL = "models/tiny-llama"
 FEATHER = "feather"
 BASELINE = "fcfs"
 DEFAULT_POLICIES = (BASELINE, "lpm", "dfs-weight", FEATHER)
+FEATHER_COUNTERS = ("sglang:feather_admissions_total", "sglang:feather_stops_total")
+"""Printed after each run: how often the stopper ended a pass with requests waiting, against admissions."""
 FLAG_STRING_OPTIONS = ("--server-args", "--feather-args")
 """Options whose value is itself a command line: the next token is always their value."""
 
@@ -161,6 +163,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         num_failures += len(failures)
         if runs:
             print(format_table(runs))
+            for run in runs:
+                counters = run.runs[0].feather
+                if FEATHER_COUNTERS[0] in counters:
+                    print(
+                        f"{run.policy}: "
+                        + ", ".join(f"{n} {counters.get(n, 0):.0f}" for n in FEATHER_COUNTERS)
+                    )
         repeats.append({r.policy: r.runs[0].bench for r in runs})
         all_runs.append([asdict(r) for r in runs])
     summaries = summarize(repeats, baseline)
