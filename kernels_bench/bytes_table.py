@@ -7,8 +7,9 @@ import sys
 from dataclasses import replace
 
 from kernels_bench.simmodel import head_shape, layer_traffic
-from kernels_bench.workload import ORDERS, WorkloadSpec, build_workload
+from kernels_bench.workload import WorkloadSpec, build_workload
 from sglang_feather.sim.profile import ProfileError, load_profile
+from sglang_feather.workload import ORDERS
 
 
 def table(spec: WorkloadSpec, gpu: str, model: str, overrides: tuple[str, ...] = ()) -> list[dict]:

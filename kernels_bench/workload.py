@@ -1,26 +1,24 @@
 """Paged-KV decode workloads: prefix groups sharing physical pages, per-request suffix pages, batch order.
 
-How it works: a batch of `batch_size` requests is split into `num_groups` groups of near-equal size. Each
+How it works: a batch of `batch_size` requests is split into `num_groups` groups of near-equal size, in the
+arrival order of the project's shared-prefix workload (`sglang_feather.workload.SharedPrefixSpec`). Each
 group owns one copy of its shared prefix, `prefix_len // page_size` full physical pages, as RadixAttention
 keeps it; a prefix that does not end on a page boundary leaves its tail tokens in each request's own pages
 (page-granular sharing, as SGLang's paged radix cache does). Each request then owns the pages holding that
 tail plus its `suffix_len` suffix tokens. Its page table lists the group's shared pages followed by its own.
-The order of requests in the batch comes from a registry: groups contiguous, groups interleaved round-robin
-(what FCFS admission of mixed arrivals produces) or a seeded random arrival order. Byte counts are per layer
+The order of requests in the batch comes from that workload's order registry: groups contiguous, groups
+interleaved round-robin (what FCFS admission of mixed arrivals produces) or a seeded random arrival order. Byte counts are per layer
 and count K and V: *total* bytes are what the kernel reads logically (every request its whole context),
 *unique* bytes are the distinct bytes in the cache (each shared page once).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-
-class WorkloadError(ValueError):
-    """A workload parameter is out of range."""
+from sglang_feather.workload import SharedPrefixSpec, WorkloadError
 
 
 @dataclass(frozen=True)
@@ -56,35 +54,6 @@ class HeadShape:
 LLAMA3_8B = HeadShape()
 
 
-def group_sizes(batch_size: int, num_groups: int) -> np.ndarray:
-    """Near-equal group sizes summing to `batch_size` (the first `batch_size % num_groups` get one more)."""
-    sizes = np.full(num_groups, batch_size // num_groups, dtype=np.int64)
-    sizes[: batch_size % num_groups] += 1
-    return sizes
-
-
-def _contiguous(sizes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    return np.repeat(np.arange(len(sizes)), sizes)
-
-
-def _interleaved(sizes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    groups = _contiguous(sizes, rng)
-    rank_in_group = np.concatenate([np.arange(n) for n in sizes])
-    return groups[np.lexsort((groups, rank_in_group))]
-
-
-def _random(sizes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    return rng.permutation(_contiguous(sizes, rng))
-
-
-ORDERS: dict[str, Callable[[np.ndarray, np.random.Generator], np.ndarray]] = {
-    "contiguous": _contiguous,
-    "interleaved": _interleaved,
-    "random": _random,
-}
-"""Batch order name -> function(group sizes, rng) -> group id of each batch slot."""
-
-
 @dataclass(frozen=True)
 class WorkloadSpec:
     batch_size: int
@@ -96,18 +65,21 @@ class WorkloadSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise WorkloadError(f"batch_size must be >= 1, got {self.batch_size}")
-        if not 1 <= self.num_groups <= self.batch_size:
-            raise WorkloadError(
-                f"num_groups must be in [1, batch_size={self.batch_size}], got {self.num_groups}"
-            )
-        if self.prefix_len < 0 or self.suffix_len < 0 or self.prefix_len + self.suffix_len < 1:
-            raise WorkloadError(f"need prefix_len, suffix_len >= 0 and a non-empty context: {self}")
         if self.page_size < 1:
             raise WorkloadError(f"page_size must be >= 1, got {self.page_size}")
-        if self.order not in ORDERS:
-            raise WorkloadError(f"unknown order {self.order!r}; known: {sorted(ORDERS)}")
+        self.shared_prefix()
+
+    def shared_prefix(self) -> SharedPrefixSpec:
+        """The batch as the shared-prefix workload: one request per batch slot, suffixes as questions."""
+        return SharedPrefixSpec(
+            num_groups=self.num_groups,
+            num_requests=self.batch_size,
+            prefix_len=self.prefix_len,
+            question_len=self.suffix_len,
+            output_len=1,
+            order=self.order,
+            seed=self.seed,
+        )
 
     @property
     def seq_len(self) -> int:
@@ -171,8 +143,7 @@ class PagedWorkload:
 
 def build_workload(spec: WorkloadSpec) -> PagedWorkload:
     """Lay out physical pages: every group's shared prefix first, then each request's own pages in batch order."""
-    rng = np.random.default_rng(spec.seed)
-    group_ids = ORDERS[spec.order](group_sizes(spec.batch_size, spec.num_groups), rng)
+    group_ids = spec.shared_prefix().arrival_groups()
     num_shared, num_own = spec.num_shared_pages, spec.num_own_pages
     shared = group_ids[:, None] * num_shared + np.arange(num_shared)[None, :]
     first_own = spec.num_groups * num_shared

@@ -12,6 +12,7 @@ from pathlib import Path
 from sglang_feather.serving import BenchConfig, ServerSpec, Workload, format_table, run_policies
 from sglang_feather.serving.process import exit_on_sigterm
 from sglang_feather.serving.repeats import format_summary, summarize
+from sglang_feather.workload import SharedPrefixSpec
 
 DEFAULT_MODEL = "models/tiny-llama"
 FEATHER = "feather"
@@ -132,14 +133,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     exit_on_sigterm()
     check_model(args.model)
     device = pick_device(args.device)
-    workload = Workload(
-        name=f"gsp-{args.groups}x{args.prompts_per_group}-{args.system_prompt_len}",
-        num_groups=args.groups,
-        prompts_per_group=args.prompts_per_group,
-        system_prompt_len=args.system_prompt_len,
+    spec = SharedPrefixSpec.per_group(
+        args.groups,
+        args.prompts_per_group,
+        prefix_len=args.system_prompt_len,
         question_len=args.question_len,
         output_len=args.output_len,
     )
+    workload = Workload(f"gsp-{args.groups}x{args.prompts_per_group}-{args.system_prompt_len}", spec)
     config = BenchConfig(max_concurrency=args.max_concurrency)
     baseline = BASELINE if BASELINE in args.policies else args.policies[0]
     print(

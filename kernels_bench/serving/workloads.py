@@ -4,6 +4,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sglang_feather.serving import Workload
+from sglang_feather.workload import SharedPrefixSpec
 
 
 @dataclass(frozen=True)
@@ -25,12 +26,14 @@ def build_workloads(plan: WorkloadPlan) -> Sequence[Workload]:
     """`shared-<P>` per prefix length P; `no-sharing` has as many requests, each with its own prompt."""
     workloads = [
         Workload(
-            name=f"shared-{prefix_len}",
-            num_groups=plan.num_groups,
-            prompts_per_group=plan.prompts_per_group,
-            system_prompt_len=prefix_len,
-            question_len=plan.question_len,
-            output_len=plan.output_len,
+            f"shared-{prefix_len}",
+            SharedPrefixSpec.per_group(
+                plan.num_groups,
+                plan.prompts_per_group,
+                prefix_len=prefix_len,
+                question_len=plan.question_len,
+                output_len=plan.output_len,
+            ),
         )
         for prefix_len in plan.prefix_lens
     ]

@@ -21,7 +21,7 @@ from sglang_feather.bench.timing import GC_POLICY, TimingConfig, frozen_heap, me
 from sglang_feather.bench.workloads import WORKLOADS, build_workload
 from sglang_feather.cht import DEFAULT_CHUNK_SIZE, backend_name
 
-BASELINES = {"sglang": "sglang_feather.sglang.bench_baseline"}
+BASELINES = {"sglang": "sglang_feather.offline.bench_baseline"}
 """Engine side, imported lazily. A baseline module provides `prepare()`, `POLICIES`, `prefix_match_cap()`,
 `prefill_token_budget()`, `build_queue(workload)`, `time_calc_priority(queue, policy, timing)` and
 `run_sequence(workload, policy, plan)`."""

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-VOCAB_SIZE = 128_000
+from sglang_feather.workload import SharedPrefixSpec
+
 NUM_GROUPS = 8
 MAX_SHARED_PREFIX = 4096
 NUM_ARRIVALS = 16
@@ -43,22 +44,34 @@ class Workload:
         return len(self.prompts)
 
 
-def random_tokens(rng: np.random.Generator, num_tokens: int) -> array:
-    tokens = array("q")
-    tokens.frombytes(rng.integers(1, VOCAB_SIZE, size=num_tokens, dtype=np.int64).tobytes())
-    return tokens
+def token_array(tokens: np.ndarray) -> array:
+    """Token ids as `array('q')`."""
+    out = array("q")
+    out.frombytes(np.ascontiguousarray(tokens, dtype=np.int64).tobytes())
+    return out
 
 
 def shared_prefix_len(prompt_len: int) -> int:
     return min(MAX_SHARED_PREFIX, prompt_len * 3 // 4)
 
 
-def _grouped(name: str, rng: np.random.Generator, num_requests: int, prompt_len: int) -> Workload:
+def _prompts(spec: SharedPrefixSpec) -> tuple[array, ...]:
+    return tuple(token_array(tokens) for tokens in spec.prompts())
+
+
+def _grouped(name: str, seed: int, num_requests: int, prompt_len: int) -> Workload:
     prefix_len = shared_prefix_len(prompt_len)
-    prefixes = [random_tokens(rng, prefix_len) for _ in range(NUM_GROUPS)]
-    groups = [i % NUM_GROUPS for i in range(num_requests + NUM_ARRIVALS)]
-    prompts = tuple(prefixes[g] + random_tokens(rng, prompt_len - prefix_len) for g in groups)
-    cached = tuple(prefixes) if name == "shared" else ()
+    spec = SharedPrefixSpec(
+        num_groups=NUM_GROUPS,
+        num_requests=num_requests + NUM_ARRIVALS,
+        prefix_len=prefix_len,
+        question_len=prompt_len - prefix_len,
+        order="interleaved",
+        seed=seed,
+    )
+    prompts = _prompts(spec)
+    groups = spec.arrival_groups().tolist()
+    cached = tuple(token_array(spec.prefix_tokens(g)) for g in range(NUM_GROUPS)) if name == "shared" else ()
     return Workload(
         name,
         prompts[:num_requests],
@@ -69,21 +82,35 @@ def _grouped(name: str, rng: np.random.Generator, num_requests: int, prompt_len:
     )
 
 
-def shared(rng: np.random.Generator, num_requests: int, prompt_len: int) -> Workload:
-    return _grouped("shared", rng, num_requests, prompt_len)
+def shared(seed: int, num_requests: int, prompt_len: int) -> Workload:
+    return _grouped("shared", seed, num_requests, prompt_len)
 
 
-def shared_cold(rng: np.random.Generator, num_requests: int, prompt_len: int) -> Workload:
-    return _grouped("shared-cold", rng, num_requests, prompt_len)
+def shared_cold(seed: int, num_requests: int, prompt_len: int) -> Workload:
+    return _grouped("shared-cold", seed, num_requests, prompt_len)
 
 
-def unique(rng: np.random.Generator, num_requests: int, prompt_len: int) -> Workload:
-    cached = tuple(random_tokens(rng, prompt_len) for _ in range(NUM_GROUPS))
-    prompts = tuple(random_tokens(rng, prompt_len) for _ in range(num_requests + NUM_ARRIVALS))
-    return Workload("unique", prompts[:num_requests], (None,) * num_requests, cached, prompts[num_requests:])
+def unique(seed: int, num_requests: int, prompt_len: int) -> Workload:
+    """Groups of one prompt each; the cache holds NUM_GROUPS more unrelated prompts of the same length."""
+    total = num_requests + NUM_ARRIVALS + NUM_GROUPS
+    spec = SharedPrefixSpec(
+        num_groups=total,
+        num_requests=total,
+        prefix_len=prompt_len,
+        question_len=0,
+        order="contiguous",
+        seed=seed,
+    )
+    prompts = _prompts(spec)
+    queued, arrivals, cached = (
+        prompts[:num_requests],
+        prompts[num_requests:-NUM_GROUPS],
+        prompts[-NUM_GROUPS:],
+    )
+    return Workload("unique", queued, (None,) * num_requests, cached, arrivals)
 
 
-WORKLOADS: dict[str, Callable[[np.random.Generator, int, int], Workload]] = {
+WORKLOADS: dict[str, Callable[[int, int, int], Workload]] = {
     "shared": shared,
     "unique": unique,
     "shared-cold": shared_cold,
@@ -97,4 +124,4 @@ def build_workload(name: str, num_requests: int, prompt_len: int, seed: int = 0)
         raise ValueError(f"unknown workload {name!r}; choose from {sorted(WORKLOADS)}")
     if num_requests < 1 or prompt_len < 4:
         raise ValueError(f"need num_requests >= 1 and prompt_len >= 4, got {num_requests}, {prompt_len}")
-    return WORKLOADS[name](np.random.default_rng(seed), num_requests, prompt_len)
+    return WORKLOADS[name](seed, num_requests, prompt_len)

@@ -1,5 +1,7 @@
 """Run SGLang's own bench_serving client against a server and parse its JSON result."""
 
+from __future__ import annotations
+
 import hashlib
 import json
 import os
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_feather.serving.process import ProcessGroup
+from sglang_feather.workload import SharedPrefixSpec
 
 BENCH_MODULE = "sglang.benchmark.serving"
 
@@ -20,44 +23,73 @@ class BenchError(RuntimeError):
 
 @dataclass(frozen=True)
 class Workload:
-    """A generated-shared-prefix workload: `num_groups` system prompts, each shared by `prompts_per_group`."""
+    """A named shared-prefix workload, sent by bench_serving's generated-shared-prefix dataset.
+
+    bench_serving draws its own prompt text from the spec's shape: groups of equal size (uniform) or with
+    Zipf-sampled groups, a system prompt per group, one question each, shuffled (order random) or in group
+    order (contiguous); arrival times come from `BenchConfig.request_rate`, not from the spec.
+    """
 
     name: str
-    num_groups: int
-    prompts_per_group: int
-    system_prompt_len: int
-    question_len: int
-    output_len: int
+    spec: SharedPrefixSpec
 
     def __post_init__(self) -> None:
-        for key in ("num_groups", "prompts_per_group", "system_prompt_len", "question_len", "output_len"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"Workload.{key} must be >= 1, got {getattr(self, key)}")
+        spec = self.spec
+        if spec.num_requests % spec.num_groups:
+            raise ValueError(
+                f"workload {self.name!r}: bench_serving needs num_requests ({spec.num_requests}) to be a "
+                f"multiple of num_groups ({spec.num_groups})"
+            )
+        if spec.order not in GSP_ORDERED:
+            raise ValueError(
+                f"workload {self.name!r}: bench_serving sends order {sorted(GSP_ORDERED)}, not {spec.order!r}"
+            )
+        if spec.rate is not None:
+            raise ValueError(f"workload {self.name!r}: give the request rate as BenchConfig.request_rate")
+        if spec.num_turns != 1:
+            raise ValueError(
+                f"workload {self.name!r}: multi-turn serving runs are not wired to bench_serving"
+            )
 
     @property
     def num_requests(self) -> int:
-        return self.num_groups * self.prompts_per_group
+        return self.spec.num_requests
 
     @classmethod
-    def no_sharing(cls, name: str, num_requests: int, prompt_len: int, output_len: int) -> "Workload":
+    def no_sharing(cls, name: str, num_requests: int, prompt_len: int, output_len: int) -> Workload:
         """Every request gets its own random system prompt: nothing is shared."""
-        return cls(name, num_requests, 1, prompt_len, 1, output_len)
+        spec = SharedPrefixSpec(
+            num_groups=num_requests,
+            num_requests=num_requests,
+            prefix_len=prompt_len,
+            question_len=1,
+            output_len=output_len,
+        )
+        return cls(name, spec)
 
     def dataset_args(self) -> list[str]:
-        return [
+        spec = self.spec
+        args = [
             "--dataset-name",
             "generated-shared-prefix",
             "--gsp-num-groups",
-            str(self.num_groups),
+            str(spec.num_groups),
             "--gsp-prompts-per-group",
-            str(self.prompts_per_group),
+            str(spec.num_requests // spec.num_groups),
             "--gsp-system-prompt-len",
-            str(self.system_prompt_len),
+            str(spec.prefix_len),
             "--gsp-question-len",
-            str(self.question_len),
+            str(spec.question_len),
             "--gsp-output-len",
-            str(self.output_len),
+            str(spec.output_len),
         ]
+        if spec.popularity == "zipf":
+            args += ["--gsp-group-distribution", "zipf", "--gsp-zipf-alpha", str(spec.zipf_alpha)]
+        return args + (["--gsp-ordered"] if GSP_ORDERED[spec.order] else [])
+
+
+GSP_ORDERED = {"random": False, "contiguous": True}
+"""Spec order -> bench_serving's --gsp-ordered (it shuffles the requests unless told not to)."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +121,7 @@ class BenchResult:
         return self.num_requests - self.completed
 
     @classmethod
-    def from_record(cls, record: Mapping, workload: Workload) -> "BenchResult":
+    def from_record(cls, record: Mapping, workload: Workload) -> BenchResult:
         try:
             cache = record.get("cache_report")
             return cls(

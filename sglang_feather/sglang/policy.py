@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sglang.srt.managers import schedule_policy as _sglang_policy
@@ -38,12 +38,15 @@ class FeatherSchedulePolicy(_sglang_policy.SchedulePolicy):
         options: FeatherOptions,
         metrics: FeatherMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        state_tag: Mapping[str, str] | None = None,
     ) -> None:
         """Replace the default runtime with one built from the server's options (scheduler startup)."""
         if self.feather is None:
             raise ValueError(f"configure() needs schedule policy {FEATHER!r}")
         self.feather.close()
-        self.feather = FeatherRuntime(options, metrics, clock, tree_cache=self.tree_cache)
+        self.feather = FeatherRuntime(
+            options, metrics, clock, tree_cache=self.tree_cache, state_tag=state_tag
+        )
         self._adder_classes.clear()
 
     def calc_priority(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sglang.srt.managers.schedule_policy import AddReqResult
@@ -46,6 +46,7 @@ class FeatherRuntime:
         metrics: FeatherMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         tree_cache: Any = None,
+        state_tag: Mapping[str, str] | None = None,
     ) -> None:
         self.options = options
         self.metrics = metrics
@@ -55,7 +56,8 @@ class FeatherRuntime:
         self.config = options_to_config(
             options,
             page_size=int(getattr(tree_cache, "page_size", 1) or 1),
-            defer_uncached_prefix=options.defer_uncached_prefix and has_cache,
+            defer_uncached_prefix=options.admission.defer_uncached_prefix and has_cache,
+            state_tag=state_tag,
         )
         self.admission = Admission.from_config(self.config, clock=clock)
         self.mirror = QueueMirror(self.admission)
@@ -268,7 +270,7 @@ class FeatherRuntime:
         """Persist learned state at most every SAVE_INTERVAL_S, and only after new rewards arrived."""
         num_windows = self.admission.stats.num_windows
         if (
-            self.options.state_path is not None
+            self.config.state_path is not None
             and num_windows != self._saved_windows
             and now - self._last_save >= SAVE_INTERVAL_S
         ):
@@ -281,7 +283,7 @@ class FeatherRuntime:
         if _BY_CACHE.get(id(self.tree_cache)) is self:
             del _BY_CACHE[id(self.tree_cache)]
         self.admission.forget_all()
-        if self.options.state_path is not None:
+        if self.config.state_path is not None:
             self.admission.save_state()
 
 

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from sglang_feather.sglang.metrics import FeatherMetrics
-from sglang_feather.sglang.options import options_of
+from sglang_feather.sglang.options import options_of, state_tag
 from sglang_feather.sglang.runtime import runtime_for_cache
 
 logger = logging.getLogger(__name__)
@@ -25,7 +25,8 @@ def on_policy_created(scheduler: Any) -> None:
     metrics = None
     if context is not None and context.collector is not None and context.current_scheduler_metrics_enabled:
         metrics = FeatherMetrics(context.collector.labels)
-    scheduler.policy.configure(options, metrics)
+    tag = state_tag(scheduler.server_args, getattr(scheduler, "gpu_id", 0))
+    scheduler.policy.configure(options, metrics, state_tag=tag)
     logger.info(
         "Feather scheduling: %s (page size %d, deferral %s, metrics %s)",
         options,

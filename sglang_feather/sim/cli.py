@@ -6,14 +6,20 @@ import argparse
 import json
 from dataclasses import fields
 
-from sglang_feather.admission import AdmissionConfig, ConfigError
-from sglang_feather.policy import policy_names
+from sglang_feather.admission import AdmissionConfig
+from sglang_feather.options import ConfigError, add_flags, build, declared, flag, given_flags
 from sglang_feather.sim import profile
 from sglang_feather.sim.engine import BATCH_ORDERS, EngineConfig
 from sglang_feather.sim.policies import POLICIES
 from sglang_feather.sim.workloads import WORKLOADS, WorkloadConfig
 
 DEFAULT_POLICIES = "fcfs,lpm,dfs-weight,feather"
+
+NOT_SIMULATED = {"state_path": "a simulated run starts with a fresh stopper and keeps nothing it learned"}
+"""Declared Feather options the simulator has no flag for, with why."""
+
+FEATHER_FLAGS = tuple(opt for opt in declared(AdmissionConfig) if opt.name not in NOT_SIMULATED)
+"""`--feather-*` flags, spelt and checked as SGLang's (`sglang_feather.options`)."""
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -23,20 +29,9 @@ def _range(text: str) -> tuple[int, int]:
     return int(lo), int(hi)
 
 
-def _option(text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
-
-
 def build_parser() -> argparse.ArgumentParser:
     d = WorkloadConfig()
     e = EngineConfig()
-    a = AdmissionConfig()
     p = argparse.ArgumentParser(
         prog="python -m sglang_feather.sim",
         description="Replay a workload through a model of SGLang 0.5.23 continuous batching on one GPU and "
@@ -54,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--trace", help="replay this JSONL trace instead of generating a workload")
     w.add_argument("--export-trace", help="write the (generated) trace to this JSONL file")
-    w.add_argument("--seed", type=int, default=d.seed, help="workload and stopper seed")
+    w.add_argument("--seed", type=int, default=d.seed, help="workload seed")
     w.add_argument("--num-groups", type=int, default=d.num_groups, help="gsp: prefix groups")
     w.add_argument(
         "--prompts-per-group", type=int, default=d.prompts_per_group, help="gsp: mean requests per group"
@@ -105,23 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = p.add_argument_group("policies")
     s.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, from {sorted(POLICIES)}")
-    s.add_argument("--stopper", choices=policy_names(), default=a.stopper, help="feather: stopping policy")
-    s.add_argument(
-        "--stopper-option",
-        type=_option,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="feather: stopper option (JSON value), repeatable",
-    )
-    s.add_argument("--chunk-size", type=int, default=a.chunk_size, help="feather: CHT chunk tokens")
-    s.add_argument("--max-wait-s", type=float, default=a.max_wait_s, help="feather: aging bound in seconds")
-    s.add_argument("--no-aging", action="store_true", help="feather: disable the aging guard")
-    s.add_argument(
-        "--defer-uncached-prefix",
-        action=argparse.BooleanOptionalAction,
-        default=a.defer_uncached_prefix,
-        help="feather: skip a request whose shared prefix is being computed and not cached yet",
+    add_flags(
+        p.add_argument_group("feather (the options of SGLang's --schedule-policy feather)"), FEATHER_FLAGS
     )
 
     g = p.add_argument_group("cost model")
@@ -208,18 +188,11 @@ def workload_config(args: argparse.Namespace) -> WorkloadConfig:
 
 
 def admission_config(args: argparse.Namespace) -> AdmissionConfig:
-    """Feather's options; fields without a flag keep production's defaults."""
+    """Feather's options from the flags given; the others keep production's defaults."""
     try:
-        return AdmissionConfig(
-            chunk_size=args.chunk_size,
-            stopper=args.stopper,
-            stopper_options=dict(args.stopper_option),
-            max_wait_s=None if args.no_aging else args.max_wait_s,
-            seed=args.seed,
-            defer_uncached_prefix=args.defer_uncached_prefix,
-        )
+        return build(AdmissionConfig, given_flags(args, FEATHER_FLAGS), flag)
     except ConfigError as e:
-        raise SystemExit(f"feather option error: {e}") from None
+        raise SystemExit(f"error: {e}") from None
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

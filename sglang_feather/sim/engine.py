@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sglang_feather.cht.hashing import chunk_hashes
 from sglang_feather.sim.budget import KVPool, PassBudget
 from sglang_feather.sim.cost import CostModel, KVSplit
 from sglang_feather.sim.cpu import CpuTimer
 from sglang_feather.sim.metrics import RequestRecord, RunLog, StepKind, StepRecord
 from sglang_feather.sim.policies import SimPolicy
 from sglang_feather.sim.requests import Phase, ReqState, output_tokens
-from sglang_feather.sim.sharing import DEFAULT_BLOCK_SIZE, block_ends, block_hashes
+from sglang_feather.sim.sharing import DEFAULT_BLOCK_SIZE, block_ends
 from sglang_feather.sim.trace import TokenSource, TraceError
 
 
@@ -310,10 +311,8 @@ class Engine:
         out = output_tokens(self.src, s)[: s.num_out]
         full = np.concatenate([s.tokens, out])
         bs = self.config.block_size
-        k = s.prompt_len // bs
-        hashes = s.hashes[:k] + block_hashes(full, bs, start=k * bs, seed=s.hashes[k - 1] if k else 0)
         self.pool.release(s, s.num_private)
-        self.pool.insert_best_effort(hashes, block_ends(len(full), bs), full)
+        self.pool.insert_best_effort(chunk_hashes(full, bs), block_ends(len(full), bs), full)
         self.pool.cache.unlock(s.locked)
         s.locked = []
         s.phase = Phase.DONE

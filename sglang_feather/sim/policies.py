@@ -61,12 +61,12 @@ class PolicySetup:
 PolicyFactory = Callable[[str, PolicySetup], SimPolicy]
 
 POLICIES: dict[str, str] = {
-    "fcfs": "sglang_feather.sglang.sim_baselines:make_sglang_policy",
-    "lpm": "sglang_feather.sglang.sim_baselines:make_sglang_policy",
-    "dfs-weight": "sglang_feather.sglang.sim_baselines:make_sglang_policy",
+    "fcfs": "sglang_feather.offline.sim_baselines:make_sglang_policy",
+    "lpm": "sglang_feather.offline.sim_baselines:make_sglang_policy",
+    "dfs-weight": "sglang_feather.offline.sim_baselines:make_sglang_policy",
     "feather": "sglang_feather.sim.feather:FeatherPolicy",
 }
-"""Policy name -> "module:factory"; the SGLang baselines live in the adapter package and import sglang."""
+"""Policy name -> "module:factory"; the SGLang baselines live in the offline package and import sglang."""
 
 
 class PolicyError(RuntimeError):

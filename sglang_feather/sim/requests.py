@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sglang_feather.sim.sharing import SharedNode, block_ends, block_hashes, decompose
-from sglang_feather.sim.trace import Segment, SimRequest, TokenSource, validate
+from sglang_feather.cht.hashing import chunk_hashes
+from sglang_feather.sim.sharing import SharedNode, block_ends, decompose
+from sglang_feather.sim.trace import SimRequest, TokenSource, validate
+from sglang_feather.workload import Segment
 
 
 class Phase(enum.Enum):
@@ -70,7 +72,7 @@ def build_states(requests: Sequence[SimRequest], src: TokenSource, block_size: i
     """Materialise prompts, hash their blocks and find the prefix nodes they share (once per trace)."""
     validate(requests)
     tokens = [src.prompt(r) for r in requests]
-    hashes = [block_hashes(t, block_size) for t in tokens]
+    hashes = [chunk_hashes(t, block_size) for t in tokens]
     decs = decompose(hashes, [len(t) for t in tokens], block_size)
     out = []
     for r, t, h, d in zip(requests, tokens, hashes, decs, strict=True):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -29,8 +29,8 @@ class RunSpec:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        admission = {f.name: getattr(self.admission, f.name) for f in fields(self.admission)}
-        admission["stopper_options"] = dict(self.admission.stopper_options)
+        values = ((f.name, getattr(self.admission, f.name)) for f in fields(self.admission))
+        admission = {name: dict(v) if isinstance(v, Mapping) else v for name, v in values}
         return {"policy": self.policy, "admission": admission}
 
 

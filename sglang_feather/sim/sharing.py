@@ -6,31 +6,16 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-import xxhash
-
 # How it works.
 #
-# A sequence is cut into blocks of `block_size` tokens (the last may be partial) and block i is named by an
-# xxh64 chained through the previous block's hash, so a hash names a whole prefix. Counting, over the whole
-# trace, how many prompts hold each block hash, a prompt splits into maximal runs of blocks with the same
-# holder count; along any prefix the count never rises and strictly drops where two prompts diverge, so two
+# A sequence is cut into blocks of `block_size` tokens (the last may be partial) and block i is named by the
+# CHT's chunk hash (`cht.chunk_hashes`: xxh64 over every token up to the block's end), so a hash names a
+# whole prefix. Counting, over the whole trace, how many prompts hold each block hash, a prompt splits into
+# maximal runs of blocks with the same holder count; along any prefix the count never rises and strictly drops where two prompts diverge, so two
 # prompts share exactly the runs (nodes) up to their divergence. Runs held by one prompt are private. The
 # cost model uses these nodes to see which KV the requests of a decode batch share.
 
 DEFAULT_BLOCK_SIZE = 16
-
-
-def block_hashes(tokens: np.ndarray, block_size: int, *, start: int = 0, seed: int = 0) -> list[int]:
-    """Chained hashes of blocks [start, start+block_size), ... of `tokens`; `seed` is the hash before `start`."""
-    data = np.ascontiguousarray(tokens, dtype=np.int32).tobytes()
-    out = []
-    h = seed
-    step = 4 * block_size
-    for off in range(4 * start, len(data), step):
-        h = xxhash.xxh64_intdigest(data[off : off + step], seed=h)
-        out.append(h)
-    return out
 
 
 def block_ends(num_tokens: int, block_size: int) -> list[int]:

@@ -8,21 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import xxhash
 
-VOCAB_SIZE = 128_000
+from sglang_feather.workload import VOCAB_SIZE, Segment, segment_tokens
 
 
 class TraceError(ValueError):
     """A trace file or record is malformed."""
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A run of pseudo-random tokens named by `key`: equal keys give equal tokens, so prompts share them."""
-
-    key: str
-    num_tokens: int
 
 
 @dataclass(frozen=True)
@@ -60,8 +51,7 @@ class TokenSource:
     def segment(self, seg: Segment) -> np.ndarray:
         arr = self._segments.get(seg.key)
         if arr is None or len(arr) < seg.num_tokens:
-            rng = np.random.default_rng(xxhash.xxh64_intdigest(seg.key.encode()))
-            arr = rng.integers(1, self.vocab_size, size=seg.num_tokens, dtype=np.int32)
+            arr = segment_tokens(seg.key, seg.num_tokens, high=self.vocab_size)
             self._segments[seg.key] = arr
         return arr[: seg.num_tokens]
 

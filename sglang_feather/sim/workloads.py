@@ -7,7 +7,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from sglang_feather.sim.trace import Segment, SimRequest
+from sglang_feather.sim.trace import SimRequest
+from sglang_feather.workload import (
+    Segment,
+    SharedPrefixSpec,
+    WorkloadRequest,
+    poisson_arrivals,
+    zipf_weights,
+)
 
 
 @dataclass(frozen=True)
@@ -34,25 +41,42 @@ class WorkloadConfig:
     """Poisson arrivals at this many requests/s; None = all at t=0 (offline)."""
 
 
-def _group_sizes(cfg: WorkloadConfig) -> list[int]:
-    total = cfg.num_groups * cfg.prompts_per_group
-    if cfg.group_dist == "uniform":
-        return [cfg.prompts_per_group] * cfg.num_groups
-    if cfg.group_dist != "zipf":
-        raise ValueError(f"group_dist must be 'uniform' or 'zipf', got {cfg.group_dist!r}")
-    weights = 1.0 / np.arange(1, cfg.num_groups + 1) ** cfg.zipf_alpha
-    sizes = np.maximum(1, np.floor(weights / weights.sum() * total)).astype(int)
-    sizes[0] += total - sizes.sum()
-    return [int(s) for s in sizes]
-
-
 def _order(reqs: list[SimRequest], cfg: WorkloadConfig, rng: np.random.Generator) -> list[SimRequest]:
     if not cfg.ordered:
         reqs = [reqs[i] for i in rng.permutation(len(reqs))]
     if cfg.rate is None:
         return reqs
-    gaps = rng.exponential(1.0 / cfg.rate, size=len(reqs))
-    return [replace(r, arrival_s=float(t)) for r, t in zip(reqs, np.cumsum(gaps), strict=True)]
+    times = poisson_arrivals(rng, len(reqs), cfg.rate)
+    return [replace(r, arrival_s=float(t)) for r, t in zip(reqs, times, strict=True)]
+
+
+def _shared_prefix_spec(cfg: WorkloadConfig, **overrides) -> SharedPrefixSpec:
+    knobs = dict(
+        num_groups=cfg.num_groups,
+        num_requests=cfg.num_groups * cfg.prompts_per_group,
+        prefix_len=cfg.prefix_len,
+        question_len=cfg.question_len,
+        output_len=cfg.output_len,
+        popularity=cfg.group_dist,
+        zipf_alpha=cfg.zipf_alpha,
+        order="contiguous" if cfg.ordered else "random",
+        rate=cfg.rate,
+        seed=cfg.seed,
+    )
+    return SharedPrefixSpec(**{**knobs, **overrides})
+
+
+def _sim_request(r: WorkloadRequest, group: str, think_s: float = 0.0) -> SimRequest:
+    return SimRequest(
+        r.rid,
+        r.arrival_s,
+        r.output_len,
+        r.segments,
+        group=group,
+        follows=r.follows,
+        delay_s=think_s if r.follows else 0.0,
+        output_key=r.answer_key,
+    )
 
 
 def generated_shared_prefix(cfg: WorkloadConfig) -> list[SimRequest]:
@@ -61,16 +85,7 @@ def generated_shared_prefix(cfg: WorkloadConfig) -> list[SimRequest]:
     Knobs: num_groups, prompts_per_group, prefix_len (system prompt), question_len, output_len,
     group_dist (uniform|zipf, zipf_alpha), ordered (False = shuffled arrival, as bench_serving), rate, seed.
     """
-    rng = np.random.default_rng(cfg.seed)
-    reqs = []
-    for g, size in enumerate(_group_sizes(cfg)):
-        for j in range(size):
-            segs = (
-                Segment(f"s{cfg.seed}/sys{g}", cfg.prefix_len),
-                Segment(f"s{cfg.seed}/q{g}.{j}", cfg.question_len),
-            )
-            reqs.append(SimRequest(f"g{g}-{j}", 0.0, cfg.output_len, segs, group=f"g{g}"))
-    return _order(reqs, cfg, rng)
+    return [_sim_request(r, f"g{r.group}") for r in _shared_prefix_spec(cfg).requests()]
 
 
 def paper(cfg: WorkloadConfig) -> list[SimRequest]:
@@ -79,15 +94,16 @@ def paper(cfg: WorkloadConfig) -> list[SimRequest]:
 
 
 def no_sharing(cfg: WorkloadConfig) -> list[SimRequest]:
-    """num_requests unrelated prompts of prompt_len tokens, each with output_len outputs."""
-    rng = np.random.default_rng(cfg.seed)
-    reqs = [
-        SimRequest(
-            f"u{i}", 0.0, cfg.output_len, (Segment(f"s{cfg.seed}/u{i}", cfg.prompt_len),), group=f"u{i}"
-        )
-        for i in range(cfg.num_requests)
-    ]
-    return _order(reqs, cfg, rng)
+    """num_requests unrelated prompts of prompt_len tokens (groups of one), each with output_len outputs."""
+    spec = _shared_prefix_spec(
+        cfg,
+        num_groups=cfg.num_requests,
+        num_requests=cfg.num_requests,
+        prefix_len=cfg.prompt_len,
+        question_len=0,
+        popularity="uniform",
+    )
+    return [_sim_request(r, f"g{r.group}") for r in spec.requests()]
 
 
 def long_documents(cfg: WorkloadConfig) -> list[SimRequest]:
@@ -116,8 +132,7 @@ def rag(cfg: WorkloadConfig) -> list[SimRequest]:
     rng = np.random.default_rng(cfg.seed)
     lo, hi = cfg.doc_len_range
     lengths = rng.integers(lo, hi + 1, size=cfg.num_docs)
-    weights = 1.0 / np.arange(1, cfg.num_docs + 1) ** cfg.zipf_alpha
-    docs = rng.choice(cfg.num_docs, size=cfg.num_requests, p=weights / weights.sum())
+    docs = rng.choice(cfg.num_docs, size=cfg.num_requests, p=zipf_weights(cfg.num_docs, cfg.zipf_alpha))
     reqs = []
     for i, d in enumerate(docs):
         segs = (
@@ -134,29 +149,10 @@ def multi_turn_chat(cfg: WorkloadConfig) -> list[SimRequest]:
     Turn k's prompt is the system prompt plus every earlier question and answer, so it extends turn k-1's
     cached sequence; turn k arrives think_s after turn k-1 finishes. Conversations start offline or Poisson.
     """
-    rng = np.random.default_rng(cfg.seed)
-    system = Segment(f"s{cfg.seed}/chat-sys", cfg.prefix_len)
-    firsts, rest = [], []
-    for c in range(cfg.num_requests):
-        history = (system,)
-        prev = None
-        for t in range(cfg.num_turns):
-            history = (*history, Segment(f"s{cfg.seed}/c{c}.q{t}", cfg.question_len))
-            answer = f"s{cfg.seed}/c{c}.a{t}"
-            req = SimRequest(
-                f"c{c}-t{t}",
-                0.0,
-                cfg.output_len,
-                history,
-                group=f"c{c}",
-                follows=prev,
-                delay_s=cfg.think_s if prev else 0.0,
-                output_key=answer,
-            )
-            (firsts if prev is None else rest).append(req)
-            history = (*history, Segment(answer, cfg.output_len))
-            prev = req.rid
-    return _order(firsts, cfg, rng) + rest
+    spec = _shared_prefix_spec(
+        cfg, num_groups=1, num_requests=cfg.num_requests, num_turns=cfg.num_turns, popularity="uniform"
+    )
+    return [_sim_request(r, f"c{r.member}", cfg.think_s) for r in spec.requests()]
 
 
 WORKLOADS: dict[str, Callable[[WorkloadConfig], list[SimRequest]]] = {

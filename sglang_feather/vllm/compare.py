@@ -12,7 +12,8 @@ from pathlib import Path
 
 from sglang_feather.serving.process import exit_on_sigterm
 from sglang_feather.serving.server import Server, ServerSpec, vllm_feather_args
-from sglang_feather.vllm.workload import RunResult, SharedPrefixWorkload, prefix_cache_counters, run
+from sglang_feather.vllm.workload import RunResult, prefix_cache_counters, run
+from sglang_feather.workload import SharedPrefixSpec
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,8 @@ HEADER = (
 )
 
 
-WARMUP = SharedPrefixWorkload(
-    num_groups=8, prompts_per_group=1, prefix_len=64, question_len=8, output_len=4, seed=99
+WARMUP = SharedPrefixSpec.per_group(
+    8, 1, prefix_len=64, question_len=8, output_len=4, order="interleaved", seed=99
 )
 """A few unrelated requests first, so that one-time costs (first forward pass, tokenizer) are not measured."""
 
@@ -51,7 +52,7 @@ def vllm_spec(model: str, policy: str, extra_args: tuple[str, ...] = ()) -> Serv
     return ServerSpec(model=model, policy=policy, engine="vllm", device="cpu", extra_args=extra_args)
 
 
-def measure(server: Server, scheduler: str, workload: SharedPrefixWorkload, concurrency: int) -> Measurement:
+def measure(server: Server, scheduler: str, workload: SharedPrefixSpec, concurrency: int) -> Measurement:
     """Warm up, then run the workload once; the prefix-cache counters are differences over that run only."""
     run(server.base_url, server.spec.model, WARMUP, concurrency=WARMUP.num_requests)
     queries_before, hits_before = prefix_cache_counters(server.base_url)
@@ -88,12 +89,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for server in servers.values():
             server.start()
         for seed in range(args.repeat):
-            workload = SharedPrefixWorkload(
+            workload = SharedPrefixSpec.per_group(
                 args.num_groups,
                 args.prompts_per_group,
-                args.prefix_len,
-                args.question_len,
-                args.output_len,
+                prefix_len=args.prefix_len,
+                question_len=args.question_len,
+                output_len=args.output_len,
+                order="interleaved",
                 seed=seed,
             )
             for name, server in servers.items():

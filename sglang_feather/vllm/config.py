@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sglang_feather.admission import AdmissionConfig
+from sglang_feather.options import Option, build, declared
 
 OPTIONS_KEY = "feather"
 """`--additional-config '{"feather": {"stopper": "ucb", "max_wait_s": 60}}'`."""
@@ -41,14 +42,20 @@ def _next_minor(minor: str) -> str:
     return f"{major}.{int(number) + 1}"
 
 
-ENGINE_SET = ("chunk_size", "page_size", "state_tag")
-"""AdmissionConfig fields the adapter sets from vLLM: chunk and page are vLLM's block (the CHT reuses vLLM's
-block hashes, one chunk per block), and the state tag names vLLM, the model and the device."""
+ENGINE_SET = {
+    "chunk_size": "always vLLM's block size: the CHT reuses vLLM's block hashes, one chunk per block"
+}
+"""Declared options vLLM sets itself, with why; every other one is a key of `additional_config["feather"]`."""
 
 
-def option_names() -> tuple[str, ...]:
-    """Keys accepted under `additional_config["feather"]`: AdmissionConfig's fields but those vLLM sets."""
-    return tuple(f.name for f in fields(AdmissionConfig) if f.name not in ENGINE_SET)
+def options() -> tuple[Option, ...]:
+    """The options accepted under `additional_config["feather"]`, keyed by their field names."""
+    return tuple(opt for opt in declared(AdmissionConfig) if opt.name not in ENGINE_SET)
+
+
+def key_name(name: str) -> str:
+    """How an error names an option: the key the user wrote."""
+    return f'additional_config["{OPTIONS_KEY}"]["{name}"]'
 
 
 def state_tag(vllm_config: Any) -> dict[str, str]:
@@ -70,7 +77,8 @@ def admission_config(
     state_tag: Mapping[str, str],
     can_probe_cache: bool = True,
 ) -> AdmissionConfig:
-    """Build the admission config; ValueError naming the valid keys for anything it does not understand.
+    """Build the admission config; ConfigError (a ValueError) naming the key, and the valid keys for an
+    unknown one.
 
     Without a probe of vLLM's cache (hash blocks smaller than KV blocks) deferral stays off: vLLM already
     computes a prefix shared within one step once (see `capacity.py`)."""
@@ -79,16 +87,19 @@ def admission_config(
         raise ValueError(
             f'additional_config["{OPTIONS_KEY}"] must be a JSON object, got {type(section).__name__}: {section!r}'
         )
-    unknown = sorted(set(section) - set(option_names()))
+    names = [opt.name for opt in options()]
+    unknown = sorted(set(section) - set(names))
     if unknown:
+        why = "; ".join(f"{name} is {reason}" for name, reason in ENGINE_SET.items())
         raise ValueError(
             f'unknown key(s) {", ".join(map(repr, unknown))} in additional_config["{OPTIONS_KEY}"]; valid keys: '
-            f"{', '.join(option_names())} (the chunk size is always vLLM's block size)"
+            f"{', '.join(names)} ({why})"
         )
-    options = dict(section)
-    if not can_probe_cache:
-        options["defer_uncached_prefix"] = False
-    return AdmissionConfig(chunk_size=chunk_size, page_size=page_size, state_tag=state_tag, **options)
+    values = dict(section)
+    config = build(
+        AdmissionConfig, values, key_name, chunk_size=chunk_size, page_size=page_size, state_tag=state_tag
+    )
+    return config if can_probe_cache else replace(config, defer_uncached_prefix=False)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,8 @@
-"""A shared-prefix workload sent concurrently to an OpenAI-compatible /v1/completions endpoint."""
+"""The shared-prefix workload sent concurrently to an OpenAI-compatible /v1/completions endpoint."""
 
 from __future__ import annotations
 
 import json
-import random
 import statistics
 import time
 import urllib.error
@@ -11,40 +10,11 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from sglang_feather.workload import SharedPrefixSpec
+
 FIRST_TOKEN_ID = 4
 """Prompt token ids start above the tiny model's specials (<unk> <s> </s> <pad>)."""
-
-
-@dataclass(frozen=True)
-class SharedPrefixWorkload:
-    """`num_groups` random system prompts of `prefix_len` tokens, each followed by `prompts_per_group`
-    different questions; the groups arrive interleaved, so an arrival-order scheduler mixes them."""
-
-    num_groups: int = 8
-    prompts_per_group: int = 25
-    prefix_len: int = 128
-    question_len: int = 16
-    output_len: int = 16
-    vocab_size: int = 1024
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("num_groups", "prompts_per_group", "prefix_len", "question_len", "output_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"SharedPrefixWorkload.{name} must be >= 1, got {getattr(self, name)}")
-        if self.vocab_size <= FIRST_TOKEN_ID:
-            raise ValueError(f"vocab_size must exceed {FIRST_TOKEN_ID}, got {self.vocab_size}")
-
-    @property
-    def num_requests(self) -> int:
-        return self.num_groups * self.prompts_per_group
-
-    def prompts(self) -> list[list[int]]:
-        """Token-id prompts in arrival order: request i belongs to group i % num_groups."""
-        rng = random.Random(self.seed)
-        draw = lambda n: [rng.randrange(FIRST_TOKEN_ID, self.vocab_size) for _ in range(n)]  # noqa: E731
-        prefixes = [draw(self.prefix_len) for _ in range(self.num_groups)]
-        return [prefixes[i % self.num_groups] + draw(self.question_len) for i in range(self.num_requests)]
+TINY_VOCAB_SIZE = 1024
 
 
 @dataclass(frozen=True)
@@ -108,10 +78,17 @@ def complete(base_url: str, model: str, prompt: list[int], max_tokens: int, time
 
 
 def run(
-    base_url: str, model: str, workload: SharedPrefixWorkload, *, concurrency: int, timeout_s: float = 600.0
+    base_url: str,
+    model: str,
+    workload: SharedPrefixSpec,
+    *,
+    concurrency: int,
+    vocab_size: int = TINY_VOCAB_SIZE,
+    timeout_s: float = 600.0,
 ) -> RunResult:
-    """Send every prompt with at most `concurrency` in flight; results in prompt order."""
-    prompts = workload.prompts()
+    """Send every first-turn prompt (ids in [FIRST_TOKEN_ID, vocab_size)) with at most `concurrency` in flight;
+    results in arrival order."""
+    prompts = [p.tolist() for p in workload.prompts(low=FIRST_TOKEN_ID, high=vocab_size)]
     began = time.monotonic()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         futures = [pool.submit(complete, base_url, model, p, workload.output_len, timeout_s) for p in prompts]

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import math
 
-import numpy as np
-
 from sglang_feather.bench import __main__ as cli
 from sglang_feather.bench import cht_side, overhead, report
 from sglang_feather.bench.sequence import SequencePlan
 from sglang_feather.bench.timing import TimingConfig
-from sglang_feather.bench.workloads import WORKLOADS, Workload, random_tokens
-from sglang_feather.sglang import bench_baseline
+from sglang_feather.bench.workloads import WORKLOADS, Workload, token_array
+from sglang_feather.offline import bench_baseline
+from sglang_feather.workload import segment_tokens
 
 TINY_TIMING = TimingConfig(repeat=1, min_time_s=0.0, max_samples=1)
 
@@ -51,10 +50,11 @@ def test_tiny_run_covers_every_cell_and_marks_lpm_fallback():
 
 def _cached_groups() -> Workload:
     """Group A has 192 of its 256 tokens cached, group B 96, group C none; arrivals interleave C, B, A."""
-    rng = np.random.default_rng(1)
-    prefix = {"A": random_tokens(rng, 192), "B": random_tokens(rng, 96), "C": random_tokens(rng, 192)}
+    prefix = {g: token_array(segment_tokens(g, n)) for g, n in (("A", 192), ("B", 96), ("C", 192))}
     names = ["C", "B", "A"] * 4
-    prompts = tuple(prefix[g] + random_tokens(rng, 256 - len(prefix[g])) for g in names)
+    prompts = tuple(
+        prefix[g] + token_array(segment_tokens(f"q{i}", 256 - len(prefix[g]))) for i, g in enumerate(names)
+    )
     groups = tuple("CBA".index(g) for g in names)
     return Workload("cached-groups", prompts, groups, (prefix["A"], prefix["B"]), ())
 

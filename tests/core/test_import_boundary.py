@@ -1,4 +1,4 @@
-"""The core (cht, policy, sim, admission) never imports torch, sglang or vllm, not even lazily."""
+"""The core (cht, policy, sim, admission, workload) never imports torch, sglang or vllm, not even lazily."""
 
 import ast
 import pathlib
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "sglang_feather"
-CORE = ["cht", "policy", "sim", "admission.py", "types.py"]
+CORE = ["cht", "policy", "sim", "admission.py", "options.py", "types.py", "workload.py"]
 ENGINES = {"torch", "sglang", "vllm", "triton"}
 
 
@@ -36,7 +36,7 @@ def test_importing_core_loads_no_engine():
     code = (
         "import sys, importlib\n"
         "for m in ['sglang_feather.cht', 'sglang_feather.policy', 'sglang_feather.admission', "
-        "'sglang_feather.sim']:\n"
+        "'sglang_feather.options', 'sglang_feather.sim', 'sglang_feather.workload']:\n"
         "    importlib.import_module(m)\n"
         f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {sorted(ENGINES)!r})\n"
         "assert not bad, bad\n"

@@ -8,22 +8,26 @@ from collections.abc import Sequence
 
 import aiohttp
 
-FIRST_ORDINARY_TOKEN = 4  # ids 0-3 are the tiny tokenizer's special tokens
-VOCAB_SIZE = 1024
+from sglang_feather.vllm.workload import FIRST_TOKEN_ID, TINY_VOCAB_SIZE
+from sglang_feather.workload import SharedPrefixSpec
 
 
 def shared_prefix_prompts(
     num_groups: int, per_group: int, prefix_len: int, suffix_lens: tuple[int, int], seed: int
 ) -> list[list[int]]:
-    """`num_groups` random prefixes, each followed by `per_group` random suffixes; groups interleaved."""
+    """The shared-prefix workload, groups interleaved, for the tiny model's vocabulary; each question is cut
+    to a seeded random length in `suffix_lens` (a shorter question is a prefix of the longer one)."""
+    spec = SharedPrefixSpec.per_group(
+        num_groups,
+        per_group,
+        prefix_len=prefix_len,
+        question_len=suffix_lens[1],
+        order="interleaved",
+        seed=seed,
+    )
     rng = random.Random(seed)
-
-    def ids(n: int) -> list[int]:
-        return [rng.randrange(FIRST_ORDINARY_TOKEN, VOCAB_SIZE) for _ in range(n)]
-
-    prefixes = [ids(prefix_len) for _ in range(num_groups)]
-    prompts = [prefix + ids(rng.randint(*suffix_lens)) for _ in range(per_group) for prefix in prefixes]
-    return prompts
+    prompts = spec.prompts(low=FIRST_TOKEN_ID, high=TINY_VOCAB_SIZE)
+    return [p[: prefix_len + rng.randint(*suffix_lens)].tolist() for p in prompts]
 
 
 def greedy_payload(input_ids: list[int], max_new_tokens: int, **extra) -> dict:

@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 from kernels_bench.sweep import PRESETS
 from kernels_bench.workload import (
     LLAMA3_8B,
-    ORDERS,
     HeadShape,
     WorkloadError,
     WorkloadSpec,
     build_workload,
 )
+from sglang_feather.workload import ORDERS
 
 
 def referenced_slots(workload) -> list[np.ndarray]:

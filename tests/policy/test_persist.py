@@ -226,3 +226,44 @@ def test_concurrent_process_writers_never_leave_a_truncated_file(tmp_path):
         assert p.exitcode == 0
     assert_complete(path, "qlearn")
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+
+
+H100 = {"engine": "sglang", "model": "m", "device": "NVIDIA H100"}
+H200 = {"engine": "sglang", "model": "m", "device": "NVIDIA H200"}
+
+
+def test_a_state_learned_elsewhere_is_refused_with_a_warning_and_kept_in_the_file(tmp_path, caplog):
+    path = tmp_path / "state.json"
+    on_h100 = trained("ucb", episodes=200, seed=1)
+    persist.save_state(on_h100, path, tag=H100)
+    fresh = make_policy("ucb")
+    with caplog.at_level(logging.WARNING, logger="sglang_feather.policy.persist"):
+        assert load_state(fresh, path, tag=H200) is False
+    assert fresh.state_dict() == make_policy("ucb").state_dict()
+    assert "device='NVIDIA H100', not device='NVIDIA H200'" in caplog.records[0].getMessage()
+    on_h200 = trained("ucb", episodes=50, seed=2)
+    persist.save_state(on_h200, path, tag=H200)
+    persist.save_state(on_h200, path, tag=H200)
+    document = json.loads(path.read_text())
+    assert document["tag"] == H200 and [e["tag"] for e in document["others"]] == [H100]
+    for tag, learned in ((H100, on_h100), (H200, on_h200)):
+        again = make_policy("ucb")
+        assert load_state(again, path, tag=tag) and again.state_dict() == learned.state_dict()
+
+
+def test_a_file_saved_with_fewer_tag_keys_still_loads(tmp_path):
+    path = tmp_path / "state.json"
+    learned = trained("ucb", episodes=100)
+    persist.save_state(learned, path, tag={"engine": "sglang"})
+    again = make_policy("ucb")
+    assert load_state(again, path, tag=H200) and again.state_dict() == learned.state_dict()
+
+
+def test_each_policy_keeps_its_own_state_in_a_shared_file(tmp_path):
+    path = tmp_path / "state.json"
+    ucb, qlearn = trained("ucb", episodes=100), trained("qlearn", episodes=100)
+    persist.save_state(ucb, path, tag=H200)
+    persist.save_state(qlearn, path, tag=H200)
+    for name, learned in (("ucb", ucb), ("qlearn", qlearn)):
+        again = make_policy(name)
+        assert load_state(again, path, tag=H200) and again.state_dict() == learned.state_dict()

@@ -15,10 +15,9 @@ from sglang_feather.serving.bench import (
     bench_env,
     read_result,
 )
+from sglang_feather.workload import SharedPrefixSpec
 
-WORKLOAD = Workload(
-    "gsp", num_groups=3, prompts_per_group=5, system_prompt_len=40, question_len=7, output_len=9
-)
+WORKLOAD = Workload("gsp", SharedPrefixSpec.per_group(3, 5, prefix_len=40, question_len=7, output_len=9))
 
 
 def record(**overrides) -> dict:
@@ -68,17 +67,39 @@ def test_default_config_sends_everything_at_once(monkeypatch):
     assert args.max_concurrency is None and args.request_rate == float("inf")
 
 
+def test_spec_order_and_popularity_reach_bench_serving(monkeypatch):
+    spec = SharedPrefixSpec.per_group(
+        4, 6, prefix_len=40, popularity="zipf", zipf_alpha=1.5, order="contiguous"
+    )
+    argv = bench_argv("http://h:1", "m", "m", Workload("zipf", spec), BenchConfig(), backend="sglang")
+    args = parsed_by_sglang(monkeypatch, argv)
+    assert (args.gsp_group_distribution, args.gsp_zipf_alpha, args.gsp_ordered) == ("zipf", 1.5, True)
+    shuffled = bench_argv("http://h:1", "m", "m", WORKLOAD, BenchConfig(), backend="sglang")
+    assert not parsed_by_sglang(monkeypatch, shuffled).gsp_ordered
+
+
 def test_no_sharing_gives_every_request_its_own_prompt():
     workload = Workload.no_sharing("solo", num_requests=12, prompt_len=300, output_len=4)
-    assert (workload.num_groups, workload.prompts_per_group, workload.num_requests) == (12, 1, 12)
-    assert workload.system_prompt_len == 300
+    args = workload.dataset_args()
+    assert (
+        args[args.index("--gsp-num-groups") + 1] == "12"
+        and args[args.index("--gsp-prompts-per-group") + 1] == "1"
+    )
+    assert args[args.index("--gsp-system-prompt-len") + 1] == "300" and workload.num_requests == 12
 
 
-@pytest.mark.parametrize("field", ["num_groups", "prompts_per_group", "system_prompt_len", "output_len"])
-def test_workload_rejects_non_positive_sizes(field):
-    kwargs = dict(num_groups=1, prompts_per_group=1, system_prompt_len=1, question_len=1, output_len=1)
-    with pytest.raises(ValueError, match=field):
-        Workload("bad", **{**kwargs, field: 0})
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        (SharedPrefixSpec(num_groups=3, num_requests=10), "multiple of num_groups"),
+        (SharedPrefixSpec(num_groups=2, num_requests=4, order="interleaved"), "order"),
+        (SharedPrefixSpec(num_groups=2, num_requests=4, rate=3.0), "request_rate"),
+        (SharedPrefixSpec(num_groups=2, num_requests=4, num_turns=2), "multi-turn"),
+    ],
+)
+def test_workload_refuses_what_bench_serving_cannot_send(spec, match):
+    with pytest.raises(ValueError, match=match):
+        Workload("bad", spec)
 
 
 def test_result_fields_map_from_the_record():

@@ -52,7 +52,7 @@ def test_paper_workloads():
     workloads = build_workloads(WorkloadPlan())
     assert [w.name for w in workloads] == ["shared-1024", "shared-4096", "shared-10240", "no-sharing"]
     assert all(w.num_requests == 800 for w in workloads)
-    assert workloads[-1].prompts_per_group == 1
+    assert workloads[-1].spec.num_groups == workloads[-1].spec.num_requests
     assert [w.name for w in build_workloads(DRY_SMALL)] == ["shared-128", "no-sharing"]
     assert build_workloads(WorkloadPlan(no_sharing_len=None))[-1].name == "shared-10240"
 

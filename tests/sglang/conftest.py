@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-from array import array
 from types import SimpleNamespace
 
 import pytest
-import torch
-from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.base_prefix_cache import InsertParams
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
-from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
-from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.server_args import ServerArgs
+from sglang.srt.managers.schedule_batch import ScheduleBatch
 
+from sglang_feather.admission import AdmissionConfig
+from sglang_feather.offline.sglang_objects import (
+    make_allocator,
+    make_radix_cache,
+    make_req,
+    publish_cpu_context,
+)
 from sglang_feather.sglang.options import FeatherOptions
 from sglang_feather.sglang.policy import FeatherSchedulePolicy
+
+__all__ = ["make_allocator", "make_req"]
 
 
 def sglang_schedule_policy() -> type:
@@ -28,12 +28,7 @@ def sglang_schedule_policy() -> type:
 @pytest.fixture(scope="session", autouse=True)
 def sglang_config():
     """SGLang's policies read published config namespaces (disagg, memory); publish a CPU server's."""
-    reset_context()
-    publish(
-        ServerArgs(model_path="dummy", device="cpu"),
-        role="test",
-        ranks=SpawnRanks(world_rank=0, dp_rank=None),
-    )
+    publish_cpu_context(role="test", fresh=True)
 
 
 class FakeClock:
@@ -46,23 +41,8 @@ class FakeClock:
         return self.now
 
 
-def make_req(rid: str, ids, *, max_new_tokens: int = 16, **kwargs) -> Req:
-    return Req(rid, "", array("q", ids), SamplingParams(max_new_tokens=max_new_tokens), **kwargs)
-
-
-def make_allocator(size: int = 16384) -> TokenToKVPoolAllocator:
-    return TokenToKVPoolAllocator(size, torch.float16, "cpu", None, False)
-
-
-def make_cache(allocator=None, cached: tuple = ()) -> RadixCache:
-    cache = RadixCache(
-        CacheInitParams(
-            disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=allocator, page_size=1
-        )
-    )
-    for ids in cached:
-        cache.insert(InsertParams(key=RadixKey(array("q", ids)), value=torch.arange(len(ids))))
-    return cache
+def make_cache(allocator=None, cached: tuple = ()):
+    return make_radix_cache(cached, allocator=allocator)
 
 
 def batch(reqs=()) -> ScheduleBatch:
@@ -73,7 +53,9 @@ def feather_policy(
     cache, options: FeatherOptions | None = None, clock: FakeClock | None = None, metrics=None
 ):
     policy = FeatherSchedulePolicy("feather", cache, False, False, False)
-    policy.configure(options or FeatherOptions(stopper="always"), metrics, clock or FakeClock())
+    policy.configure(
+        options or FeatherOptions(AdmissionConfig(stopper="always")), metrics, clock or FakeClock()
+    )
     return policy
 
 

@@ -7,12 +7,11 @@ from dataclasses import dataclass, field
 
 from conftest import batch, idle_plan, make_allocator, make_req, scheduler_view
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
-from sglang.srt.mem_cache.base_prefix_cache import InsertParams
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
+from sglang_feather.offline.sglang_objects import cache_prompt, make_radix_cache
 from sglang_feather.sglang.policy import FeatherSchedulePolicy
 from sglang_feather.sglang.scheduler_hooks import on_queued, on_step_end
+from sglang_feather.workload import SharedPrefixSpec, concat_tokens
 
 # How it works.
 #
@@ -48,14 +47,7 @@ class PassModel:
         chunked_prefill_size: int | None = None,
     ) -> None:
         self.allocator = make_allocator(1 << 22)
-        self.cache = RadixCache(
-            CacheInitParams(
-                disable=False,
-                req_to_token_pool=None,
-                token_to_kv_pool_allocator=self.allocator,
-                page_size=page_size,
-            )
-        )
+        self.cache = make_radix_cache(allocator=self.allocator, page_size=page_size)
         self.policy = FeatherSchedulePolicy(policy_name, self.cache, False, False, False)
         if options is not None:
             self.policy.configure(options)
@@ -148,18 +140,13 @@ class PassModel:
             end = len(ids) // self.page_size * self.page_size
             if end == 0:
                 continue
-            value = self.allocator.alloc(end)
-            self.cache.insert(InsertParams(key=RadixKey(ids[:end]), value=value))
+            cache_prompt(self.cache, ids[:end], self.allocator.alloc(end))
 
 
 def group_requests(num_groups: int, group_size: int, prefix_len: int, suffix_len: int, seed: int):
-    """Interleaved arrivals of `num_groups` groups that share a `prefix_len`-token prefix each."""
-    import random
-
-    rng = random.Random(seed)
-    order = [(g, i) for g in range(num_groups) for i in range(group_size)]
-    rng.shuffle(order)
-    for n, (g, i) in enumerate(order):
-        prefix = [g * 100_000 + t + 1 for t in range(prefix_len)]
-        suffix = [9_000_000 + n * 1000 + t for t in range(suffix_len)]
-        yield f"g{g}-{i}", prefix + suffix, g, prefix_len
+    """Shuffled arrivals of `num_groups` groups that share a `prefix_len`-token prefix each."""
+    spec = SharedPrefixSpec.per_group(
+        num_groups, group_size, prefix_len=prefix_len, question_len=suffix_len, seed=seed
+    )
+    for req in spec.requests():
+        yield req.rid, concat_tokens(req.segments).tolist(), req.group, prefix_len

@@ -12,10 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import warnings
-from array import array
 from types import SimpleNamespace
-
-warnings.filterwarnings("ignore")
 
 
 def main(argv: list[str]) -> None:
@@ -36,27 +33,20 @@ def main(argv: list[str]) -> None:
 
 
 def probe(argv: list[str]) -> dict:
-    import torch
-    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.managers.schedule_policy import AddReqResult
     from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
-    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.radix_cache import RadixCache
     from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
-    from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.server_args import prepare_server_args
+
+    from sglang_feather.offline.sglang_objects import make_allocator, make_radix_cache, make_req
 
     server_args = prepare_server_args(["--model-path", "dummy", "--device", "cpu", *argv])
     reset_context()
     publish(server_args, role="test", ranks=SpawnRanks(world_rank=0, dp_rank=None))
 
-    allocator = TokenToKVPoolAllocator(8192, torch.float16, "cpu", None, False)
-    cache = RadixCache(
-        CacheInitParams(
-            disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=allocator, page_size=1
-        )
-    )
+    allocator = make_allocator(8192)
+    cache = make_radix_cache(allocator=allocator)
     scheduler = SimpleNamespace(
         schedule_policy=server_args.schedule_policy,
         server_args=server_args,
@@ -76,7 +66,7 @@ def probe(argv: list[str]) -> dict:
     for i in range(12):
         g = (i * 7) % 3
         ids = groups[g][: 64 + 64 * ((i // 3) % 3)] + [50_000 + i] * (10 + i)
-        queue.append(Req(f"r{i:02d}-g{g}", "", array("q", ids), SamplingParams(max_new_tokens=8)))
+        queue.append(make_req(f"r{i:02d}-g{g}", ids, max_new_tokens=8))
 
     running = ScheduleBatch(reqs=[], batch_is_full=False)
     scheduler.policy.calc_priority(queue, running)
@@ -94,10 +84,13 @@ def probe(argv: list[str]) -> dict:
         "policy_class": type(scheduler.policy).__name__,
         "adder_class": adder_cls.__name__,
         "options": repr(feather.options) if feather is not None else None,
+        "state_tag": dict(feather.config.state_tag) if feather is not None else None,
         "order": order,
         "admitted": [req.rid for req in adder.can_run_list],
     }
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        main(sys.argv[1:])

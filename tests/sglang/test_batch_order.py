@@ -10,21 +10,20 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import FakeClock, feather_policy
+from conftest import FakeClock, feather_policy, make_allocator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req, ScheduleBatch
-from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+from sglang_feather.admission import AdmissionConfig
+from sglang_feather.offline.sglang_objects import make_radix_cache
 from sglang_feather.sglang import batch_order, plugin
 from sglang_feather.sglang.metrics import FeatherMetrics
 from sglang_feather.sglang.options import (
@@ -36,7 +35,7 @@ from sglang_feather.sglang.options import (
 
 TINY_MODEL = Path(__file__).resolve().parents[2] / "models" / "tiny-llama"
 CHUNK = 4
-PREFIX_OPTIONS = FeatherOptions(stopper="always", chunk_size=CHUNK, batch_order="prefix")
+PREFIX_OPTIONS = FeatherOptions(AdmissionConfig(stopper="always", chunk_size=CHUNK), batch_order="prefix")
 
 TOKENIZER = SimpleNamespace(eos_token_id=2, additional_stop_token_ids=None)
 """What `min_new_tokens` reads of the tokenizer the scheduler gives each request: the tiny model's EOS id."""
@@ -60,15 +59,8 @@ class Engine:
     def __init__(self, model_config: ModelConfig) -> None:
         self.model_config = model_config
         self.pool = ReqToTokenPool(size=256, max_context_len=256, device="cpu", enable_memory_saver=False)
-        self.allocator = TokenToKVPoolAllocator(65536, torch.float16, "cpu", None, False)
-        self.cache = RadixCache(
-            CacheInitParams(
-                disable=False,
-                req_to_token_pool=self.pool,
-                token_to_kv_pool_allocator=self.allocator,
-                page_size=1,
-            )
-        )
+        self.allocator = make_allocator(65536)
+        self.cache = make_radix_cache(allocator=self.allocator, req_to_token_pool=self.pool)
 
     def req(self, rid: str, ids: list[int], index: int) -> Req:
         """Requests differ in every per-request sampling field and in logprob options, by `index`."""

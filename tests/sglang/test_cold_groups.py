@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 from pass_model import PassModel, group_requests
 
+from sglang_feather.admission import AdmissionConfig
 from sglang_feather.sglang.options import FeatherOptions
 
 GROUPS, SIZE = 6, 8
 
 
 def _run(policy: str, *, overlap: bool, seed: int, page_size: int = 1, chunked: int | None = None, **kw):
-    options = FeatherOptions(chunk_size=16, **kw) if policy == "feather" else None
+    options = FeatherOptions(AdmissionConfig(chunk_size=16, **kw)) if policy == "feather" else None
     model = PassModel(policy, options, overlap=overlap, page_size=page_size, chunked_prefill_size=chunked)
     for rid, ids, group, prefix_len in group_requests(GROUPS, SIZE, prefix_len=96, suffix_len=12, seed=seed):
         model.add(rid, ids, group, prefix_len)
@@ -32,7 +33,7 @@ def test_each_cold_group_prefix_is_computed_once(overlap, seed, stopper):
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("max_prefill_tokens", [256, 16384])
 def test_budgets_and_page_sizes(page_size, max_prefill_tokens):
-    options = FeatherOptions(chunk_size=16, stopper="always")
+    options = FeatherOptions(AdmissionConfig(chunk_size=16, stopper="always"))
     model = PassModel("feather", options, page_size=page_size, max_prefill_tokens=max_prefill_tokens)
     for rid, ids, group, prefix_len in group_requests(GROUPS, SIZE, prefix_len=96, suffix_len=12, seed=7):
         model.add(rid, ids, group, prefix_len)
@@ -58,7 +59,7 @@ def test_deferral_off_recomputes_and_sglang_policies_for_comparison():
 
 def test_no_holder_in_flight_means_no_deferral():
     """Requests that share nothing are never held back: one pass admits them all (FCFS among strangers)."""
-    options = FeatherOptions(chunk_size=16, stopper="always")
+    options = FeatherOptions(AdmissionConfig(chunk_size=16, stopper="always"))
     model = PassModel("feather", options)
     for n in range(10):
         model.add(f"s{n}", [n * 1000 + t + 1 for t in range(40 + 30 * (n % 3))], group=n, prefix_len=0)

@@ -19,6 +19,7 @@ from conftest import (
 from prometheus_client import CollectorRegistry
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 
+from sglang_feather.admission import AdmissionConfig
 from sglang_feather.sglang import plugin
 from sglang_feather.sglang.metrics import FeatherMetrics
 from sglang_feather.sglang.options import FeatherOptions, FeatherOptionsError
@@ -64,7 +65,10 @@ def test_exception_in_a_pass_falls_back_to_fcfs_and_the_tree_is_rebuilt(monkeypa
     allocator = make_allocator()
     cache = make_cache(allocator)
     policy = feather_policy(
-        cache, FeatherOptions(chunk_size=16, stopper="always"), FakeClock(), FeatherMetrics(labels, registry)
+        cache,
+        FeatherOptions(AdmissionConfig(chunk_size=16, stopper="always")),
+        FakeClock(),
+        FeatherMetrics(labels, registry),
     )
     runtime = policy.feather
     waiting: list = []

@@ -19,11 +19,12 @@ from conftest import (
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 
+from sglang_feather.admission import AdmissionConfig
 from sglang_feather.cht import RequestState
 from sglang_feather.sglang.options import FeatherOptions
 from sglang_feather.sglang.scheduler_hooks import on_aborted, on_kv_released, on_queued, on_step_end
 
-OPTIONS = FeatherOptions(chunk_size=16, defer_uncached_prefix=False, stopper="always")
+OPTIONS = FeatherOptions(AdmissionConfig(chunk_size=16, defer_uncached_prefix=False, stopper="always"))
 STRICT = {"max_chunk_loss": 0, "max_chunk_loss_lenient": 0, "min_floor": 1, "max_floor": 1}
 """`static` that stops at the first candidate costing any shared chunk once the batch is non-empty."""
 
@@ -137,7 +138,11 @@ def test_retraction_returns_a_request_to_waiting_with_its_output():
 
 def test_aborts_while_waiting_and_while_running_leave_no_entry():
     sched = MiniScheduler(
-        FeatherOptions(chunk_size=16, defer_uncached_prefix=False, stopper="static", stopper_options=STRICT)
+        FeatherOptions(
+            AdmissionConfig(
+                chunk_size=16, defer_uncached_prefix=False, stopper="static", stopper_options=STRICT
+            )
+        )
     )
     reqs = [make_req(f"r{i}", group_prompt(0 if i < 2 else i, 32, 8, salt=i)) for i in range(6)]
     for req in reqs:
@@ -191,7 +196,9 @@ def test_chunked_request_stays_active_between_passes():
 
 def test_prompt_growth_reenqueues_and_keeps_arrival_time():
     clock = FakeClock()
-    sched = MiniScheduler(FeatherOptions(chunk_size=16, defer_uncached_prefix=False, stopper="always"), clock)
+    sched = MiniScheduler(
+        FeatherOptions(AdmissionConfig(chunk_size=16, defer_uncached_prefix=False, stopper="always")), clock
+    )
     first = make_req("chat", group_prompt(0, 32, 8, salt=1))
     sched.add(first)
     sched.waiting_queue.remove(first)  # replaced below by its grown self, as a new turn does
@@ -217,7 +224,11 @@ def test_prompt_growth_reenqueues_and_keeps_arrival_time():
 def test_random_event_sequences_never_leak():
     rng = random.Random(2024)
     sched = MiniScheduler(
-        FeatherOptions(chunk_size=8, defer_uncached_prefix=False, stopper="static", stopper_options=STRICT)
+        FeatherOptions(
+            AdmissionConfig(
+                chunk_size=8, defer_uncached_prefix=False, stopper="static", stopper_options=STRICT
+            )
+        )
     )
     next_id = 0
     for step in range(300):

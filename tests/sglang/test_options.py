@@ -15,6 +15,7 @@ from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
 from sglang.srt.server_args import ServerArgs
 
+from sglang_feather.admission import AdmissionConfig
 from sglang_feather.sglang import plugin
 from sglang_feather.sglang.options import (
     FEATHER,
@@ -57,12 +58,14 @@ def test_flags_reach_the_scheduler_process_with_server_args(parser, tmp_path):
     ]
     server_args = _server_args(parser, argv)
     expected = FeatherOptions(
-        chunk_size=32,
-        stopper="static",
-        stopper_options={"max_chunk_loss": 3},
-        state_path=str(tmp_path / "state.json"),
-        max_wait_s=None,
-        seed=5,
+        AdmissionConfig(
+            chunk_size=32,
+            stopper="static",
+            stopper_options={"max_chunk_loss": 3},
+            state_path=str(tmp_path / "state.json"),
+            max_wait_s=None,
+            seed=5,
+        )
     )
     assert options_of(server_args) == expected
     assert options_of(pickle.loads(pickle.dumps(server_args))) == expected
@@ -71,7 +74,7 @@ def test_flags_reach_the_scheduler_process_with_server_args(parser, tmp_path):
 def test_defaults(parser):
     server_args = _server_args(parser, ["--schedule-policy", "feather"])
     assert options_of(server_args) == FeatherOptions()
-    assert FeatherOptions().stopper == "ucb"
+    assert FeatherOptions().admission.stopper == "ucb"
     plain = _server_args(parser, ["--schedule-policy", "lpm"])
     assert not hasattr(plain, "_feather_options")
 
@@ -80,14 +83,18 @@ def test_defaults(parser):
     ("argv", "message"),
     [
         (["--feather-chunk-size", "0"], "--feather-chunk-size must be a positive integer"),
-        (["--feather-stopper", "nope"], "unknown stopper 'nope'"),
-        (["--feather-stopper", "static", "--feather-stopper-options", '{"nope": 1}'], "unknown option"),
+        (["--feather-stopper", "nope"], r"--feather-stopper must be one of \['always', .*\], got 'nope'"),
+        (
+            ["--feather-stopper", "static", "--feather-stopper-options", '{"nope": 1}'],
+            "--feather-stopper-options do not fit stopper 'static': unknown option",
+        ),
         (
             ["--feather-stopper-options", '{"max_chunk_loss": -1}', "--feather-stopper", "static"],
-            "max_chunk_loss",
+            "--feather-stopper-options .*max_chunk_loss",
         ),
         (["--feather-max-wait-s", "-3"], "--feather-max-wait-s must be"),
-        (["--feather-state-path", "/nonexistent-dir/x/state.json"], "does not exist"),
+        (["--feather-state-path", "/nonexistent-dir/x/state.json"], "--feather-state-path .* does not exist"),
+        (["--feather-batch-order", "dfs"], "--feather-batch-order must be one of"),
     ],
 )
 def test_bad_values_raise_a_clear_error(parser, argv, message):
@@ -98,7 +105,7 @@ def test_bad_values_raise_a_clear_error(parser, argv, message):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--feather-chunk-size", "big"], "argument --feather-chunk-size: invalid int value"),
+        (["--feather-chunk-size", "big"], "argument --feather-chunk-size: not an integer: 'big'"),
         (["--feather-stopper-options", "{oops"], "argument --feather-stopper-options: not valid JSON"),
         (["--feather-stopper-options", "[1]"], "must be a JSON object"),
         (["--feather-max-wait-s", "soon"], "not a number of seconds"),
@@ -187,4 +194,4 @@ def test_launcher_rejects_bad_feather_options_at_startup():
         check=False,
     )
     assert run.returncode != 0
-    assert "FeatherOptionsError: invalid Feather options: unknown stopper 'nope'" in run.stderr
+    assert "FeatherOptionsError: --feather-stopper must be one of" in run.stderr

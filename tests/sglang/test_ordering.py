@@ -15,6 +15,7 @@ from conftest import (
     sglang_schedule_policy,
 )
 
+from sglang_feather.admission import AdmissionConfig
 from sglang_feather.sglang.options import FeatherOptions
 from sglang_feather.sglang.policy import FeatherSchedulePolicy
 
@@ -22,7 +23,9 @@ CHUNK = 16
 
 
 def _options(**kwargs) -> FeatherOptions:
-    return FeatherOptions(chunk_size=CHUNK, stopper="always", defer_uncached_prefix=False, **kwargs)
+    return FeatherOptions(
+        AdmissionConfig(chunk_size=CHUNK, stopper="always", defer_uncached_prefix=False, **kwargs)
+    )
 
 
 def test_waiting_requests_sharing_the_running_prefix_come_first():

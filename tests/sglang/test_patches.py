@@ -145,6 +145,9 @@ def test_patched_sglang_orders_and_admits_like_the_plugin(probes):
     assert patched["adder_class"] == plugin["adder_class"] == "FeatherPrefillAdder"
     assert patched["options"] == plugin["options"]
     assert "chunk_size=32" in patched["options"]
+    assert (
+        patched["state_tag"] == plugin["state_tag"] == {"engine": "sglang", "model": "dummy", "device": "cpu"}
+    )
     assert patched["order"] == plugin["order"]
     assert patched["admitted"] == plugin["admitted"]
     groups = [rid.split("-")[1] for rid in patched["admitted"]]

@@ -8,8 +8,9 @@ from sglang_feather.sim.cpu import FixedCpu
 from sglang_feather.sim.engine import EngineConfig
 from sglang_feather.sim.profile import load_profile
 from sglang_feather.sim.run import DEFAULT_ENGINE, RunSpec, simulate
-from sglang_feather.sim.trace import Segment, SimRequest
+from sglang_feather.sim.trace import SimRequest
 from sglang_feather.sim.workloads import WorkloadConfig, make_workload
+from sglang_feather.workload import Segment
 
 ALL_POLICIES = ("fcfs", "lpm", "dfs-weight", "feather")
 

@@ -44,7 +44,7 @@ def test_small_sweep_writes_json_and_plot(tmp_path, capsys):
         "6",
         "--policies",
         "feather",
-        "--stopper",
+        "--feather-stopper",
         "always",
         "--sweep",
         "prefix_len=64,256",

@@ -7,16 +7,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sim_helpers import run, small_gsp
 
+from sglang_feather.cht.hashing import chunk_hashes
 from sglang_feather.sim.engine import EngineConfig
 from sglang_feather.sim.prefix_cache import CacheFull, PrefixCache
-from sglang_feather.sim.sharing import block_ends, block_hashes
+from sglang_feather.sim.sharing import block_ends
 
 BS = 4
 
 
 def _path(tokens: list[int]):
     arr = np.asarray(tokens, dtype=np.int32)
-    return block_hashes(arr, BS), block_ends(len(arr), BS), arr
+    return chunk_hashes(arr, BS), block_ends(len(arr), BS), arr
 
 
 def test_match_lock_and_lru_eviction_order():

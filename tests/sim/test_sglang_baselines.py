@@ -13,7 +13,8 @@ from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sim_helpers import request, small_gsp
 
-from sglang_feather.sglang.sim_baselines import SGLangPolicy, _ids
+from sglang_feather.offline.sglang_objects import token_ids
+from sglang_feather.offline.sim_baselines import SGLangPolicy
 from sglang_feather.sim.budget import KVPool
 from sglang_feather.sim.cpu import FixedCpu
 from sglang_feather.sim.engine import Engine, EngineConfig, EngineSetup
@@ -45,7 +46,9 @@ def test_mirror_radix_cache_matches_the_simulator_cache_after_evictions(cost, po
     for s in states:
         sim = eng.pool.cache.match(s.hashes)
         sim_tokens = s.ends[sim - 1] if sim else 0
-        real = pol.mirror.tree.match_prefix(MatchPrefixParams(key=RadixKey(_ids(s.tokens)))).device_prefix_len
+        real = pol.mirror.tree.match_prefix(
+            MatchPrefixParams(key=RadixKey(token_ids(s.tokens)))
+        ).device_prefix_len
         assert sim_tokens <= real < sim_tokens + 16 or real == s.prompt_len
 
 
@@ -65,10 +68,11 @@ def test_lpm_admits_cached_prefix_groups_first(cost):
 
 
 def test_missing_sglang_fails_loudly(monkeypatch):
-    monkeypatch.setitem(sys.modules, "sglang_feather.sglang.sim_baselines", None)
+    monkeypatch.setitem(sys.modules, "sglang_feather.offline.sim_baselines", None)
     with pytest.raises(PolicyError, match="sglang"):
         make_policy("lpm", PolicySetup(cache=PrefixCache(10), clock=lambda: 0.0))
 
 
 def test_ids_are_int64_tokens():
-    assert list(_ids(np.array([1, 2, 3], dtype=np.int32))) == [1, 2, 3]
+    ids = token_ids(np.array([1, 2, 3], dtype=np.int32))
+    assert ids.typecode == "q" and list(ids) == [1, 2, 3]

@@ -71,11 +71,17 @@ def test_the_same_configuration_is_fine_for_vllms_own_scheduler():
 @pytest.mark.parametrize(
     ("section", "error", "match"),
     [
-        ({"chunk_size": 64}, ValueError, "the chunk size is always vLLM's block size"),
+        ({"chunk_size": 64}, ValueError, "chunk_size is always vLLM's block size"),
         ({"stoper": "ucb"}, ValueError, "valid keys: stopper, stopper_options"),
-        ({"stopper": "nope"}, ConfigError, "unknown stopper 'nope'"),
-        ({"stopper": "static", "stopper_options": {"max_chunk_loss": -1}}, ConfigError, "max_chunk_loss"),
-        ({"max_wait_s": 0}, ConfigError, "max_wait_s"),
+        ({"stopper": "nope"}, ConfigError, r'additional_config\["feather"\]\["stopper"\] must be one of'),
+        (
+            {"stopper": "static", "stopper_options": {"max_chunk_loss": -1}},
+            ConfigError,
+            r'additional_config\["feather"\]\["stopper_options"\] do not fit .*max_chunk_loss',
+        ),
+        ({"max_wait_s": 0}, ConfigError, r'additional_config\["feather"\]\["max_wait_s"\] must be'),
+        ({"max_wait_s": "300"}, ConfigError, r'\["max_wait_s"\] must be a finite number of seconds'),
+        ({"defer_uncached_prefix": "off"}, ConfigError, r'\["defer_uncached_prefix"\] must be on or off'),
     ],
 )
 def test_bad_feather_options_are_refused_with_the_valid_choices(section, error, match):

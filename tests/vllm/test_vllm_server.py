@@ -10,12 +10,12 @@ from vllm_harness import require_model
 from sglang_feather.admission import DEFAULT_STOPPER
 from sglang_feather.serving.server import FEATHER_SCHEDULER, Server, vllm_feather_args
 from sglang_feather.vllm.compare import HEADER, Measurement, measure, vllm_spec
-from sglang_feather.vllm.workload import SharedPrefixWorkload
+from sglang_feather.workload import SharedPrefixSpec
 
 pytestmark = [pytest.mark.vllm, pytest.mark.server]
 
-WORKLOAD = SharedPrefixWorkload(
-    num_groups=8, prompts_per_group=25, prefix_len=128, question_len=16, output_len=16
+WORKLOAD = SharedPrefixSpec.per_group(
+    8, 25, prefix_len=128, question_len=16, output_len=16, order="interleaved"
 )
 CONCURRENCY = 200
 """Every request in flight at once; with --max-num-seqs 32 the waiting queue is what the schedulers order."""

@@ -4,26 +4,26 @@ from __future__ import annotations
 
 import gc
 import time
-import warnings
-from array import array
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sglang_feather.bench.sequence import SequencePlan
 from sglang_feather.bench.timing import Samples, TimingConfig, gc_disabled, sample
 from sglang_feather.bench.workloads import Workload
+from sglang_feather.offline.sglang_objects import (
+    cache_prompt,
+    cpu_server_args,
+    make_radix_cache,
+    make_req,
+    publish_cpu_context,
+    quiet_sglang,
+)
 
-warnings.filterwarnings("ignore", module="sglang")
-
-import torch  # noqa: E402
-from sglang.srt.managers import schedule_policy  # noqa: E402
-from sglang.srt.managers.schedule_batch import Req  # noqa: E402
-from sglang.srt.managers.schedule_policy import SchedulePolicy  # noqa: E402
-from sglang.srt.mem_cache.base_prefix_cache import InsertParams  # noqa: E402
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
-from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
-from sglang.srt.runtime_context import SpawnRanks, get_context, publish  # noqa: E402
-from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+with quiet_sglang():
+    import torch
+    from sglang.srt.managers import schedule_policy
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+    from sglang.srt.mem_cache.radix_cache import RadixCache
 
 POLICIES = ("lpm", "dfs-weight")
 MAX_NEW_TOKENS = 128
@@ -59,55 +59,28 @@ def prepare() -> dict[str, str]:
     """Publish the minimal CPU runtime config `calc_priority` reads (once per process); return versions."""
     import sglang
 
-    if not get_context().is_config_namespace_published("disagg"):
-        publish(
-            _server_args(),
-            role="test",
-            ranks=SpawnRanks(world_rank=0, dp_rank=None),
-        )
+    publish_cpu_context(role="test")
     torch.set_num_threads(1)
     return {"sglang": sglang.__version__, "torch": torch.__version__}
 
 
-def _server_args():
-    from sglang.srt.server_args import ServerArgs
-
-    return ServerArgs(model_path="dummy", device="cpu")
-
-
 def prefill_token_budget() -> int:
     """SGLang's default `--max-prefill-tokens`: the new (uncached) tokens one prefill pass may take."""
-    return _server_args().max_prefill_tokens
+    return cpu_server_args().max_prefill_tokens
 
 
 def prefix_match_cap() -> int:
     return schedule_policy.WAITING_QUEUE_PREFIX_MATCH_MAX
 
 
-def make_cache(cached: Iterable[array]) -> RadixCache:
-    """A real RadixCache on CPU (no pools: the least its constructor needs), holding `cached`."""
-    cache = RadixCache(
-        CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=None, page_size=1)
-    )
-    for token_ids in cached:
-        cache_prompt(cache, token_ids)
-    return cache
-
-
-def cache_prompt(cache: RadixCache, token_ids: array) -> None:
-    """What prefill leaves behind: the prompt's KV in the radix tree (values stand in for KV indices)."""
-    cache.insert(InsertParams(key=RadixKey(token_ids), value=torch.arange(len(token_ids))))
-
-
 def make_reqs(workload: Workload) -> list[Req]:
     return [
-        Req(str(i), "", prompt, SamplingParams(max_new_tokens=MAX_NEW_TOKENS))
-        for i, prompt in enumerate(workload.prompts)
+        make_req(str(i), prompt, max_new_tokens=MAX_NEW_TOKENS) for i, prompt in enumerate(workload.prompts)
     ]
 
 
 def build_queue(workload: Workload) -> BaselineQueue:
-    return BaselineQueue(workload, make_cache(workload.cached), make_reqs(workload))
+    return BaselineQueue(workload, make_radix_cache(workload.cached), make_reqs(workload))
 
 
 def sorted_order(queue: BaselineQueue, policy: str) -> list[int]:
@@ -141,7 +114,7 @@ def run_sequence(workload: Workload, policy: str, plan: SequencePlan) -> Sequenc
     As in SGLang's scheduler the queue stays in the order the last call left it and admitted requests
     leave it; their prompts then enter the RadixCache (untimed: prefill does that under any policy).
     """
-    cache = make_cache(workload.cached)
+    cache = make_radix_cache(workload.cached)
     waiting = make_reqs(workload)
     sched_policy = SchedulePolicy(policy, cache, False, False, False)
     total_s = 0.0

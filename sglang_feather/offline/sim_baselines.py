@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-import warnings
-from array import array
 from collections.abc import Sequence
 
 import numpy as np
 
+from sglang_feather.offline.sglang_objects import (
+    cache_prompt,
+    make_radix_cache,
+    make_req,
+    publish_cpu_context,
+    quiet_sglang,
+    token_ids,
+)
 from sglang_feather.sim.policies import PassContext, PolicySetup
 
-warnings.filterwarnings("ignore", module="sglang")
-
-import torch  # noqa: E402
-from sglang.srt.managers.schedule_batch import Req  # noqa: E402
-from sglang.srt.managers.schedule_policy import SchedulePolicy  # noqa: E402
-from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams  # noqa: E402
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
-from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
-from sglang.srt.runtime_context import SpawnRanks, get_context, publish  # noqa: E402
-from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+with quiet_sglang():
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
 
 # How it works.
 #
@@ -33,40 +34,17 @@ from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 SGLANG_POLICIES = ("fcfs", "lpm", "dfs-weight")
 
 
-def _publish_cpu_context() -> None:
-    """`calc_priority` reads published runtime config namespaces; publish a CPU one once per process."""
-    if not get_context().is_config_namespace_published("disagg"):
-        from sglang.srt.server_args import ServerArgs
-
-        publish(
-            ServerArgs(model_path="dummy", device="cpu"),
-            role="test",
-            ranks=SpawnRanks(world_rank=0, dp_rank=None),
-        )
-
-
-def _ids(tokens: np.ndarray) -> array:
-    out = array("q")
-    out.frombytes(np.ascontiguousarray(tokens, dtype=np.int64).tobytes())
-    return out
-
-
 class RadixMirror:
     """A real RadixCache kept equal, prefix for prefix, to the simulator's block cache."""
 
     def __init__(self) -> None:
-        self.tree = RadixCache(
-            CacheInitParams(
-                disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=None, page_size=1
-            )
-        )
+        self.tree = make_radix_cache()
 
     def insert(self, path: np.ndarray) -> None:
-        ids = _ids(path)
-        self.tree.insert(InsertParams(key=RadixKey(ids), value=torch.arange(len(ids))))
+        cache_prompt(self.tree, path)
 
     def evict(self, path: np.ndarray, start: int) -> None:
-        ids = _ids(path)
+        ids = token_ids(path)
         if start > 0:
             self.tree.match_prefix(MatchPrefixParams(key=RadixKey(ids[:start])))
         res = self.tree.match_prefix(MatchPrefixParams(key=RadixKey(ids)))
@@ -86,7 +64,7 @@ class SGLangPolicy:
     def __init__(self, name: str, setup: PolicySetup) -> None:
         if name not in SGLANG_POLICIES:
             raise ValueError(f"not an SGLang baseline policy: {name!r}; choose from {SGLANG_POLICIES}")
-        _publish_cpu_context()
+        publish_cpu_context(role="test")
         self.name = name
         self.mirror = RadixMirror()
         self.policy = SchedulePolicy(name, self.mirror.tree, False, False, False)
@@ -96,8 +74,7 @@ class SGLangPolicy:
         setup.cache.on_evict.append(self.mirror.evict)
 
     def prepare(self, rid: str, tokens: np.ndarray, max_new_tokens: int) -> None:
-        params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
-        self.reqs[rid] = Req(rid, "", _ids(tokens), params)
+        self.reqs[rid] = make_req(rid, tokens, max_new_tokens=max_new_tokens, ignore_eos=True)
 
     def on_arrival(self, rid: str) -> None:
         self.queue.append(self.reqs[rid])

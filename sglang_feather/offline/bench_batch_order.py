@@ -7,33 +7,34 @@ import json
 import random
 import statistics
 import time
-import warnings
-from array import array
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-warnings.filterwarnings("ignore", module="sglang")
+from sglang_feather.admission import AdmissionConfig
+from sglang_feather.offline.sglang_objects import (
+    make_allocator,
+    make_radix_cache,
+    make_req,
+    publish_cpu_context,
+    quiet_sglang,
+)
+from sglang_feather.sglang import batch_order
+from sglang_feather.sglang.options import FeatherOptions
+from sglang_feather.sglang.policy import FeatherSchedulePolicy
+from sglang_feather.workload import SharedPrefixSpec
 
-import torch  # noqa: E402
-from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
-from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req, ScheduleBatch  # noqa: E402
-from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator  # noqa: E402
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
-from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
-from sglang.srt.mem_cache.radix_cache import RadixCache  # noqa: E402
-from sglang.srt.runtime_context import SpawnRanks, publish, reset_context  # noqa: E402
-from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
-from sglang.srt.server_args import ServerArgs  # noqa: E402
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
-
-from sglang_feather.sglang import batch_order  # noqa: E402
-from sglang_feather.sglang.options import FeatherOptions  # noqa: E402
-from sglang_feather.sglang.policy import FeatherSchedulePolicy  # noqa: E402
+with quiet_sglang():
+    import torch
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH, ScheduleBatch
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 CHUNK = 16
 NUM_GROUPS = 16
 PREFIX_CHUNKS = 4
+QUESTION_LEN = 8
 """Every prompt: a 64-token group prefix, then 8 private tokens (the shared-prefix serving workloads' shape)."""
 
 
@@ -62,20 +63,23 @@ class _Bench:
     def __init__(self, model_config: ModelConfig, num_rows: int, seed: int) -> None:
         self.model_config = model_config
         self.rng = random.Random(seed)
+        spec = SharedPrefixSpec(
+            num_groups=NUM_GROUPS,
+            num_requests=max(num_rows, NUM_GROUPS),
+            prefix_len=PREFIX_CHUNKS * CHUNK,
+            question_len=QUESTION_LEN,
+            seed=seed,
+        )
+        self.prompts = iter(spec.prompts())
         self.pool = ReqToTokenPool(
             size=num_rows, max_context_len=256, device="cpu", enable_memory_saver=False
         )
-        self.allocator = TokenToKVPoolAllocator(num_rows * 128, torch.float16, "cpu", None, False)
-        self.cache = RadixCache(
-            CacheInitParams(
-                disable=False,
-                req_to_token_pool=self.pool,
-                token_to_kv_pool_allocator=self.allocator,
-                page_size=1,
-            )
-        )
+        self.allocator = make_allocator(num_rows * 128)
+        self.cache = make_radix_cache(allocator=self.allocator, req_to_token_pool=self.pool)
         policy = FeatherSchedulePolicy("feather", self.cache, False, False, False)
-        options = FeatherOptions(stopper="always", chunk_size=CHUNK, batch_order=batch_order.PREFIX)
+        options = FeatherOptions(
+            AdmissionConfig(stopper="always", chunk_size=CHUNK), batch_order=batch_order.PREFIX
+        )
         policy.configure(options)
         self.scheduler = _SchedulerView(policy=policy, waiting_queue=[], chunked_req=None, running_batch=None)
         batch_order.attach(self.scheduler, options.batch_order)
@@ -84,10 +88,7 @@ class _Bench:
     def prefill(self, num_reqs: int) -> ScheduleBatch:
         reqs = []
         for _ in range(num_reqs):
-            group = self.rng.randrange(NUM_GROUPS)
-            ids = [1000 + 97 * group + t for t in range(PREFIX_CHUNKS * CHUNK)]
-            ids += [20 + (self.count * 8 + t) % 900 for t in range(8)]
-            req = Req(f"b{self.count:06d}", "", array("q", ids), SamplingParams(max_new_tokens=4096))
+            req = make_req(f"b{self.count:06d}", next(self.prompts), max_new_tokens=4096)
             req.init_next_round_input(self.cache)
             req.extend_end = len(req.full_untruncated_fill_ids)
             reqs.append(req)
@@ -165,9 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--merges", type=int, default=30)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    reset_context()
-    server_args = ServerArgs(model_path=args.model, device="cpu")
-    publish(server_args, role="bench", ranks=SpawnRanks(world_rank=0, dp_rank=None))
+    server_args = publish_cpu_context(args.model, role="bench", fresh=True)
     model_config = ModelConfig.from_server_args(server_args)
     rows = [run(n, args.merged, args.merges, model_config) for n in args.running]
     print(

@@ -1,0 +1,227 @@
+"""The shared-prefix workload every tool runs: prefix groups, their sizes and arrival order, and their tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+import xxhash
+
+# How it works.
+#
+# A spec names `num_requests` conversations split over `num_groups` groups; every conversation of group g
+# starts with the group's prefix (SGLang bench_serving's "system prompt") and asks `num_turns` questions,
+# each answered with `output_len` tokens. Group sizes come from a popularity registry (near-equal, or Zipf
+# by rank); the first turns arrive in an order from an order registry (groups contiguous, round-robin
+# interleaved, or a seeded random permutation), optionally spread by Poisson arrivals at `rate`. Turn t of a
+# conversation holds the prefix and every earlier question and answer, and follows turn t-1. Every run of
+# tokens is a `Segment` named by a key (seed, group, conversation, turn): its tokens are a pure function of
+# the key, so equal keys give equal tokens and prompts share exactly their common segments, whatever the
+# consumer materialises (the simulator, the CHT benchmarks, a live server's client).
+
+VOCAB_SIZE = 128_000
+"""Token ids are drawn from [1, VOCAB_SIZE) unless a consumer narrows the range (a tiny model's vocabulary)."""
+
+
+class WorkloadError(ValueError):
+    """A workload parameter is out of range."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of pseudo-random tokens named by `key`: equal keys give equal tokens, so prompts share them."""
+
+    key: str
+    num_tokens: int
+
+
+def segment_tokens(key: str, num_tokens: int, *, low: int = 1, high: int = VOCAB_SIZE) -> np.ndarray:
+    """`num_tokens` int32 ids in [low, high) seeded by the key; a shorter length gives a prefix of a longer."""
+    rng = np.random.default_rng(xxhash.xxh64_intdigest(key.encode()))
+    return rng.integers(low, high, size=num_tokens, dtype=np.int32)
+
+
+def concat_tokens(segments: tuple[Segment, ...], *, low: int = 1, high: int = VOCAB_SIZE) -> np.ndarray:
+    parts = [segment_tokens(s.key, s.num_tokens, low=low, high=high) for s in segments]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+
+
+def zipf_weights(num_ranks: int, alpha: float) -> np.ndarray:
+    """Zipf popularity by rank (rank 1 first): probabilities proportional to rank**-alpha."""
+    weights = 1.0 / np.arange(1, num_ranks + 1) ** alpha
+    return weights / weights.sum()
+
+
+def poisson_arrivals(rng: np.random.Generator, num_arrivals: int, rate: float) -> np.ndarray:
+    """Arrival times (s) of a Poisson process at `rate` per second, starting after one gap."""
+    return np.cumsum(rng.exponential(1.0 / rate, size=num_arrivals))
+
+
+def _uniform_sizes(num_requests: int, num_groups: int, zipf_alpha: float) -> np.ndarray:
+    sizes = np.full(num_groups, num_requests // num_groups, dtype=np.int64)
+    sizes[: num_requests % num_groups] += 1
+    return sizes
+
+
+def _zipf_sizes(num_requests: int, num_groups: int, zipf_alpha: float) -> np.ndarray:
+    sizes = np.maximum(1, np.floor(zipf_weights(num_groups, zipf_alpha) * num_requests)).astype(np.int64)
+    sizes[0] += num_requests - sizes.sum()
+    return sizes
+
+
+POPULARITY: dict[str, Callable[[int, int, float], np.ndarray]] = {
+    "uniform": _uniform_sizes,
+    "zipf": _zipf_sizes,
+}
+"""Popularity name -> function(num_requests, num_groups, zipf_alpha) -> requests per group.
+
+uniform: near-equal (the first num_requests % num_groups groups get one more); zipf: group of rank r gets
+floor(num_requests * r**-alpha / sum) (at least one), the rounding remainder going to the most popular group.
+bench_serving's zipf draws each request's group at random with the same probabilities instead."""
+
+
+def _contiguous(groups: np.ndarray, members: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return np.arange(len(groups))
+
+
+def _interleaved(groups: np.ndarray, members: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return np.lexsort((groups, members))
+
+
+def _random(groups: np.ndarray, members: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return rng.permutation(len(groups))
+
+
+ORDERS: dict[str, Callable[[np.ndarray, np.ndarray, np.random.Generator], np.ndarray]] = {
+    "contiguous": _contiguous,
+    "interleaved": _interleaved,
+    "random": _random,
+}
+"""Order name -> function(group of each conversation, its index in the group, rng) -> arrival permutation
+of the conversations (listed group by group): groups one after another; round-robin over the groups (what
+FCFS admission of mixed arrivals sees); a seeded random permutation (bench_serving's default shuffle)."""
+
+
+@dataclass(frozen=True)
+class WorkloadRequest:
+    """One turn of one conversation; `follows` is the previous turn's rid (it arrives after that finishes)."""
+
+    rid: str
+    group: int
+    member: int
+    """Index of the conversation within its group."""
+    turn: int
+    segments: tuple[Segment, ...]
+    output_len: int
+    arrival_s: float = 0.0
+    follows: str | None = None
+    answer_key: str | None = None
+    """Segment key of this turn's generated tokens, which later turns hold in their prompts."""
+
+    @property
+    def prompt_len(self) -> int:
+        return sum(s.num_tokens for s in self.segments)
+
+
+@dataclass(frozen=True)
+class SharedPrefixSpec:
+    """`num_requests` conversations over `num_groups` groups sharing a `prefix_len`-token prefix each."""
+
+    num_groups: int = 8
+    num_requests: int = 800
+    prefix_len: int = 4096
+    question_len: int = 20
+    output_len: int = 50
+    popularity: str = "uniform"
+    zipf_alpha: float = 1.0
+    order: str = "random"
+    num_turns: int = 1
+    rate: float | None = None
+    """Poisson arrivals of first turns at this many requests/s; None = all at t=0 (offline)."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_groups", "num_requests", "output_len", "num_turns"):
+            if getattr(self, name) < 1:
+                raise WorkloadError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_groups > self.num_requests:
+            raise WorkloadError(f"num_groups ({self.num_groups}) exceeds num_requests ({self.num_requests})")
+        if self.prefix_len < 0 or self.question_len < 0 or self.prefix_len + self.question_len < 1:
+            raise WorkloadError(
+                f"need prefix_len, question_len >= 0 and a non-empty prompt, got {self.prefix_len}, "
+                f"{self.question_len}"
+            )
+        if self.popularity not in POPULARITY:
+            raise WorkloadError(f"unknown popularity {self.popularity!r}; choose from {sorted(POPULARITY)}")
+        if self.order not in ORDERS:
+            raise WorkloadError(f"unknown order {self.order!r}; choose from {sorted(ORDERS)}")
+        if self.zipf_alpha < 0:
+            raise WorkloadError(f"zipf_alpha must be >= 0, got {self.zipf_alpha}")
+        if self.rate is not None and self.rate <= 0:
+            raise WorkloadError(f"rate must be > 0 requests/s, got {self.rate}")
+
+    @classmethod
+    def per_group(cls, num_groups: int, prompts_per_group: int, **knobs) -> SharedPrefixSpec:
+        """`prompts_per_group` conversations in each of `num_groups` groups (bench_serving's knobs)."""
+        return cls(num_groups=num_groups, num_requests=num_groups * prompts_per_group, **knobs)
+
+    def group_sizes(self) -> np.ndarray:
+        return POPULARITY[self.popularity](self.num_requests, self.num_groups, self.zipf_alpha)
+
+    def prefix_key(self, group: int) -> str:
+        return f"s{self.seed}/sys{group}"
+
+    def prefix_tokens(self, group: int, *, low: int = 1, high: int = VOCAB_SIZE) -> np.ndarray:
+        return segment_tokens(self.prefix_key(group), self.prefix_len, low=low, high=high)
+
+    def arrival_groups(self) -> np.ndarray:
+        """Group of each conversation in arrival order."""
+        return np.array([r.group for r in self.requests() if r.turn == 0], dtype=np.int64)
+
+    def requests(self) -> list[WorkloadRequest]:
+        """Every turn: first turns in arrival order, then later turns conversation by conversation."""
+        rng = np.random.default_rng(self.seed)
+        sizes = self.group_sizes()
+        groups = np.repeat(np.arange(self.num_groups), sizes)
+        members = np.concatenate([np.arange(n) for n in sizes])
+        firsts, rest = [], []
+        for g, j in zip(groups.tolist(), members.tolist(), strict=True):
+            turns = self._conversation(g, j)
+            firsts.append(turns[0])
+            rest.extend(turns[1:])
+        firsts = [firsts[i] for i in ORDERS[self.order](groups, members, rng)]
+        if self.rate is not None:
+            times = poisson_arrivals(rng, len(firsts), self.rate)
+            firsts = [replace(r, arrival_s=float(t)) for r, t in zip(firsts, times, strict=True)]
+        return firsts + rest
+
+    def _conversation(self, g: int, j: int) -> list[WorkloadRequest]:
+        tag = f"s{self.seed}/"
+        history = (Segment(self.prefix_key(g), self.prefix_len),) if self.prefix_len else ()
+        out: list[WorkloadRequest] = []
+        for t in range(self.num_turns):
+            suffix = "" if t == 0 else f".t{t}"
+            if self.question_len:
+                history = (*history, Segment(f"{tag}q{g}.{j}{suffix}", self.question_len))
+            rid = f"g{g}-{j}" if self.num_turns == 1 else f"g{g}-{j}-t{t}"
+            answer = f"{tag}a{g}.{j}{suffix}" if t + 1 < self.num_turns else None
+            out.append(
+                WorkloadRequest(
+                    rid,
+                    g,
+                    j,
+                    t,
+                    history,
+                    self.output_len,
+                    follows=out[-1].rid if out else None,
+                    answer_key=answer,
+                )
+            )
+            if answer is not None:
+                history = (*history, Segment(answer, self.output_len))
+        return out
+
+    def prompts(self, *, low: int = 1, high: int = VOCAB_SIZE) -> list[np.ndarray]:
+        """Token ids of the first turns in arrival order (the prompts of a one-turn workload)."""
+        return [concat_tokens(r.segments, low=low, high=high) for r in self.requests() if r.turn == 0]

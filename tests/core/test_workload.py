@@ -1,0 +1,131 @@
+"""The shared-prefix workload spec: group sizes, arrival orders, turns, and tokens shared exactly by segment."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_feather.workload import (
+    ORDERS,
+    POPULARITY,
+    SharedPrefixSpec,
+    WorkloadError,
+    concat_tokens,
+    segment_tokens,
+)
+
+specs = st.builds(
+    lambda groups, extra, prefix, question, popularity, order, turns, seed: SharedPrefixSpec(
+        num_groups=groups,
+        num_requests=groups + extra,
+        prefix_len=prefix,
+        question_len=question,
+        output_len=3,
+        popularity=popularity,
+        order=order,
+        num_turns=turns,
+        seed=seed,
+    ),
+    st.integers(1, 6),
+    st.integers(0, 20),
+    st.integers(0, 40),
+    st.integers(1, 9),
+    st.sampled_from(sorted(POPULARITY)),
+    st.sampled_from(sorted(ORDERS)),
+    st.integers(1, 3),
+    st.integers(0, 5),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(specs)
+def test_every_conversation_appears_once_per_turn_with_its_groups_prefix(spec):
+    requests = spec.requests()
+    sizes = spec.group_sizes()
+    assert sizes.sum() == spec.num_requests and (sizes >= 1).all()
+    assert len(requests) == spec.num_requests * spec.num_turns
+    assert len({r.rid for r in requests}) == len(requests)
+    firsts = [r for r in requests if r.turn == 0]
+    assert Counter(r.group for r in firsts) == {g: int(n) for g, n in enumerate(sizes)}
+    assert spec.arrival_groups().tolist() == [r.group for r in firsts]
+    seen = set()
+    for r in requests:
+        tokens = concat_tokens(r.segments)
+        assert len(tokens) == r.prompt_len
+        assert np.array_equal(tokens[: spec.prefix_len], spec.prefix_tokens(r.group))
+        if r.follows is not None:
+            assert r.follows in seen
+            prev = next(p for p in requests if p.rid == r.follows)
+            assert r.segments[: len(prev.segments)] == prev.segments
+            assert r.segments[len(prev.segments)].key == prev.answer_key
+        seen.add(r.rid)
+    assert spec.requests() == requests
+
+
+def test_different_groups_and_questions_share_no_tokens_by_accident():
+    spec = SharedPrefixSpec.per_group(3, 4, prefix_len=64, question_len=16, seed=1)
+    prompts = spec.prompts()
+    prefixes = {tuple(p[:64]) for p in prompts}
+    questions = {tuple(p[64:]) for p in prompts}
+    assert len(prefixes) == 3 and len(questions) == 12
+    assert all(np.array_equal(a, b) for a, b in zip(spec.prompts(), prompts, strict=True))
+    other = SharedPrefixSpec.per_group(3, 4, prefix_len=64, question_len=16, seed=2).prompts()
+    assert not any(np.array_equal(a[:64], b[:64]) for a in prompts for b in other)
+
+
+def test_orders_contiguous_interleaved_and_seeded_random():
+    base = dict(num_groups=3, num_requests=7, prefix_len=8)
+    assert SharedPrefixSpec(order="contiguous", **base).arrival_groups().tolist() == [0, 0, 0, 1, 1, 2, 2]
+    assert SharedPrefixSpec(order="interleaved", **base).arrival_groups().tolist() == [0, 1, 2, 0, 1, 2, 0]
+    shuffled = SharedPrefixSpec(order="random", seed=4, **base).arrival_groups().tolist()
+    assert shuffled == SharedPrefixSpec(order="random", seed=4, **base).arrival_groups().tolist()
+    assert sorted(shuffled) == [0, 0, 0, 1, 1, 2, 2]
+
+
+def test_zipf_sizes_follow_rank_popularity():
+    sizes = SharedPrefixSpec(num_groups=4, num_requests=100, popularity="zipf", zipf_alpha=1.0).group_sizes()
+    assert sizes.tolist() == [48, 24, 16, 12]
+    rounded = SharedPrefixSpec(num_groups=3, num_requests=10, popularity="zipf").group_sizes()
+    assert rounded.tolist() == [7, 2, 1]
+    assert SharedPrefixSpec(num_groups=4, num_requests=10).group_sizes().tolist() == [3, 3, 2, 2]
+
+
+def test_poisson_arrivals_increase_and_followers_wait_for_their_turn():
+    spec = SharedPrefixSpec(num_groups=2, num_requests=6, prefix_len=8, num_turns=2, rate=10.0, seed=3)
+    requests = spec.requests()
+    times = [r.arrival_s for r in requests if r.turn == 0]
+    assert all(b > a for a, b in zip(times, times[1:], strict=False)) and times[0] > 0
+    assert all(r.arrival_s == 0.0 and r.follows for r in requests if r.turn == 1)
+
+
+def test_segment_tokens_are_a_pure_prefix_stable_function_of_the_key():
+    long = segment_tokens("k", 100)
+    assert np.array_equal(segment_tokens("k", 30), long[:30])
+    assert long.dtype == np.int32 and long.min() >= 1 and long.max() < 128_000
+    tiny = segment_tokens("k", 500, low=4, high=1024)
+    assert tiny.min() >= 4 and tiny.max() < 1024
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_groups=0), "num_groups"),
+        (dict(num_requests=0), "num_requests"),
+        (dict(num_groups=5, num_requests=4), "exceeds"),
+        (dict(prefix_len=0, question_len=0), "non-empty"),
+        (dict(prefix_len=-1), "prefix_len"),
+        (dict(output_len=0), "output_len"),
+        (dict(num_turns=0), "num_turns"),
+        (dict(popularity="pareto"), "popularity"),
+        (dict(order="sorted"), "order"),
+        (dict(rate=0.0), "rate"),
+        (dict(zipf_alpha=-1.0), "zipf_alpha"),
+    ],
+)
+def test_bad_specs_raise_workload_error(kwargs, match):
+    with pytest.raises(WorkloadError, match=match):
+        SharedPrefixSpec(**{**dict(num_groups=2, num_requests=4), **kwargs})
