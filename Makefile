@@ -11,6 +11,7 @@ TINY_MODEL := models/tiny-llama
 MODEL      ?= $(TINY_MODEL)
 STRESS_OPS ?= 1000000
 PYTEST_ARGS ?=
+DEMO_ARGS  ?=
 
 .PHONY: setup setup-sglang setup-vllm setup-vllm033 model test test-fast test-core test-vllm lint bench stress demo sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
 
@@ -66,8 +67,9 @@ bench: setup-sglang
 stress: setup-sglang
 	$(PY) -m sglang_feather.cht.stress --ops $(STRESS_OPS) --seed 0 --core both
 
+# e.g. make demo DEMO_ARGS='--repeat 5 --server-args=--disable-overlap-schedule'
 demo: setup-sglang model
-	$(PY) -m sglang_feather.demo --model $(MODEL)
+	$(PY) -m sglang_feather.demo --model $(MODEL) $(DEMO_ARGS)
 
 serving-bench-dry: setup-sglang model
 	$(PY) -m kernels_bench.serving --dry-small

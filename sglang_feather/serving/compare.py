@@ -23,8 +23,8 @@ class ServerDied(RuntimeError):
     """The server exited while a benchmark was running against it."""
 
 
-FEATHER_PASS_SECONDS = "sglang:feather_pass_seconds_sum"
-"""Sum of the plugin's per-pass time histogram (sglang_feather/sglang/metrics.py)."""
+FEATHER_PASS_SECONDS = "sglang:feather_step_seconds_sum"
+"""Sum of the plugin's per-step time histogram (sglang_feather/sglang/metrics.py)."""
 
 RUN_ERRORS = (ServerStartError, BenchError, ServerDied, MetricsError)
 """What a failed policy run raises (anything else is a bug or an interrupt and propagates)."""

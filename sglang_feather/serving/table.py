@@ -60,6 +60,6 @@ def format_table(policy_runs: Sequence[PolicyRun]) -> str:
     lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in rows]
     legend = (
         "TTFT/TPOT in ms; hit % = prompt tokens served from the prefix cache; "
-        "feather s = seconds Feather spent in scheduler passes (its /metrics histogram)"
+        "feather s = seconds Feather spent in scheduler steps (its /metrics histogram)"
     )
     return "\n".join([*lines, legend])

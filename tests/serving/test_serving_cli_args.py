@@ -8,6 +8,7 @@ from sglang.srt.server_args import ServerArgs
 
 from kernels_bench.serving.profiles import PROFILES
 from kernels_bench.serving.workloads import DRY_SMALL, WorkloadPlan, build_workloads
+from sglang_feather import demo
 from sglang_feather.serving import Server, ServerSpec
 
 
@@ -54,3 +55,18 @@ def test_paper_workloads():
     assert workloads[-1].spec.num_groups == workloads[-1].spec.num_requests
     assert [w.name for w in build_workloads(DRY_SMALL)] == ["shared-128", "no-sharing"]
     assert build_workloads(WorkloadPlan(no_sharing_len=None))[-1].name == "shared-10240"
+
+
+def test_demo_server_args_reach_every_server_and_feather_args_only_feathers(tmp_path):
+    args = demo.parse_args(
+        [
+            "--server-args",
+            "--disable-overlap-schedule --max-running-requests 32",
+            "--feather-args=--feather-stopper static",
+        ]
+    )
+    for policy, spec in demo.server_specs(args, "cpu").items():
+        parsed = sglang_parse(server_flags(spec, tmp_path))
+        assert parsed.schedule_policy == policy
+        assert parsed.disable_overlap_schedule and parsed.max_running_requests == 32
+        assert ("--feather-stopper" in spec.extra_args) == (policy == "feather")

@@ -1,14 +1,87 @@
-"""The demo's command line: defaults, per-policy flags and a clear error when the tiny model is missing."""
+"""The demo's command line: defaults, repeats, server flags in every spelling, and the tiny-model check."""
 
 import pytest
 
 from sglang_feather import demo
 
 
-def test_defaults_compare_fcfs_lpm_and_feather_on_a_small_shared_prefix_workload():
+def test_defaults_compare_four_policies_three_times_on_a_small_shared_prefix_workload():
     args = demo.parse_args([])
-    assert args.model == "models/tiny-llama" and args.policies.split(",") == ["fcfs", "lpm", "feather"]
+    assert args.model == "models/tiny-llama"
+    assert args.policies == ["fcfs", "lpm", "dfs-weight", "feather"] and args.repeat == 3
     assert (args.groups, args.prompts_per_group, args.system_prompt_len) == (8, 16, 512)
+    assert args.server_args == () and args.feather_args == ()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--server-args=--disable-overlap-schedule --max-running-requests 32"],
+        ["--server-args", "--disable-overlap-schedule --max-running-requests 32"],
+    ],
+)
+def test_server_args_equals_and_quoted_forms(argv):
+    assert demo.parse_args(argv).server_args == ("--disable-overlap-schedule", "--max-running-requests", "32")
+
+
+@pytest.mark.parametrize(
+    "argv", [["--server-args=--disable-overlap-schedule"], ["--server-args", "--disable-overlap-schedule"]]
+)
+def test_a_single_flag_value_is_accepted_as_equals_or_as_the_next_token(argv):
+    # argparse alone rejects the second spelling ("expected one argument"): the demo joins it first.
+    assert demo.parse_args(argv).server_args == ("--disable-overlap-schedule",)
+
+
+def test_flag_strings_for_feather_only_and_other_options_around_them():
+    args = demo.parse_args(
+        [
+            "--repeat",
+            "2",
+            "--feather-args",
+            "--feather-stopper static",
+            "--server-args",
+            "--x",
+            "--max-concurrency",
+            "128",
+        ]
+    )
+    assert args.feather_args == ("--feather-stopper", "static") and args.server_args == ("--x",)
+    assert (args.repeat, args.max_concurrency) == (2, 128)
+
+
+def test_join_only_touches_the_token_after_a_flag_string_option():
+    argv = ["--policies", "fcfs", "--server-args", "--a --b", "--feather-args", "--c"]
+    assert demo.join_flag_strings(argv) == [
+        "--policies",
+        "fcfs",
+        "--server-args=--a --b",
+        "--feather-args=--c",
+    ]
+    assert demo.join_flag_strings(["--server-args=--a"]) == ["--server-args=--a"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--server-args"], "expected one argument"),
+        (["--repeat", "0"], "must be >= 1"),
+        (["--policies", " , "], "names no policy"),
+        (["--policies", "fcfs,feather,fcfs"], "names a policy twice"),
+        (["--server-args", "--x 'unclosed"], "--server-args: No closing quotation"),
+    ],
+)
+def test_bad_arguments_are_clear_argparse_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        demo.parse_args(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_repeats_rotate_the_policy_order():
+    policies = ["fcfs", "lpm", "dfs-weight", "feather"]
+    orders = [demo.repeat_order(policies, r) for r in range(5)]
+    assert orders[0] == policies and orders[1] == ["lpm", "dfs-weight", "feather", "fcfs"]
+    assert orders[4] == policies
+    assert [o[0] for o in orders[:4]] == policies
 
 
 def test_missing_default_model_names_the_make_target(tmp_path, monkeypatch):

@@ -13,12 +13,12 @@ sglang:num_running_reqs{tp_rank="1"} 4.0
 # HELP sglang:feather_admissions Requests Feather admitted.
 # TYPE sglang:feather_admissions counter
 sglang:feather_admissions_total{tp_rank="0"} 10.0
-# HELP sglang:feather_pass_seconds Pass time.
-# TYPE sglang:feather_pass_seconds histogram
-sglang:feather_pass_seconds_bucket{le="0.001",tp_rank="0"} 2.0
-sglang:feather_pass_seconds_bucket{le="+Inf",tp_rank="0"} 5.0
-sglang:feather_pass_seconds_count{tp_rank="0"} 5.0
-sglang:feather_pass_seconds_sum{tp_rank="0"} 0.25
+# HELP sglang:feather_step_seconds Pass time.
+# TYPE sglang:feather_step_seconds histogram
+sglang:feather_step_seconds_bucket{le="0.001",tp_rank="0"} 2.0
+sglang:feather_step_seconds_bucket{le="+Inf",tp_rank="0"} 5.0
+sglang:feather_step_seconds_count{tp_rank="0"} 5.0
+sglang:feather_step_seconds_sum{tp_rank="0"} 0.25
 """
 
 
@@ -46,7 +46,7 @@ def test_feather_counters_drop_buckets_and_feed_the_pass_time():
     counters = feather_counters(parse_metrics(TEXT))
     assert set(counters) == {
         "sglang:feather_admissions_total",
-        "sglang:feather_pass_seconds_count",
+        "sglang:feather_step_seconds_count",
         FEATHER_PASS_SECONDS,
     }
     run = WorkloadRun(policy="feather", bench=None, feather=counters)  # type: ignore[arg-type]

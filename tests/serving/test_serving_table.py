@@ -29,3 +29,11 @@ def test_rows_grouped_by_workload_with_ratio_to_first_policy():
     assert [r[COLUMNS.index("x first")] for r in rows] == ["1.00", "1.50", "1.00", "0.50"]
     assert rows[0][-1] == "-" and rows[1][-1] == "0.125"
     assert rows[0][COLUMNS.index("hit %")] == "50.0"
+
+
+def test_feather_seconds_column_reads_a_series_the_plugin_exports():
+    import inspect
+
+    from sglang_feather.sglang import metrics
+
+    assert f'"{FEATHER_PASS_SECONDS.removesuffix("_sum")}"' in inspect.getsource(metrics)
