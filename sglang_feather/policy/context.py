@@ -30,8 +30,13 @@ def context_of(obs: Observation) -> Context:
 
 
 def is_forced(obs: Observation) -> bool:
-    """No choice to learn: an empty batch, or a candidate that keeps a non-zero shared prefix intact."""
-    return obs.batch_size == 0 or (obs.delta == 0 and obs.depth_after > 0)
+    """No choice to learn: an empty batch, or a candidate that cuts no shared prefix (Δ = 0).
+
+    Δ = 0 at depth 0 is forced too: the batch already shares nothing, so a STOP protects no prefix and
+    only postpones a request (a learning stopper would otherwise explore STOP once per new context, which
+    on a fresh server stops about one pass in two; docs/sglang.md, "The demo").
+    """
+    return obs.batch_size == 0 or obs.delta == 0
 
 
 def parse_context(raw: object) -> Context:

@@ -42,5 +42,5 @@ def test_context_discretisation_matches_the_authors():
 def test_forced_cases():
     assert is_forced(obs(batch=0, before=6, after=6))
     assert is_forced(obs(batch=9, before=6, after=6))
-    assert not is_forced(obs(batch=9, before=0, after=0))
+    assert is_forced(obs(batch=9, before=0, after=0))
     assert not is_forced(obs(batch=9, before=6, after=5))
