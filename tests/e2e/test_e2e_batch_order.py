@@ -14,6 +14,11 @@ NUM_REQUESTS = 500
 NUM_ABORTED = 50
 MAX_NEW_TOKENS = 16
 RUNNING_CAP = ("--max-running-requests", "64")
+FLOAT32 = ("--dtype", "float32")
+"""Reordering must not change a result, but bfloat16 turns any change of batch shape into last-bit differences
+of the hidden states: on this random tiny model, where top-2 logits often tie within a bfloat16 step, two
+servers whose batches differ only by timing flipped 2 of 450 greedy outputs on a loaded CI machine. In float32
+such flips need ties 65,536 times closer, so a mismatch left is the reordering's fault."""
 RETRACT_EVERY_3_STEPS = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "3"}
 """SGLang's own retraction test mode: every third decode step retracts a running request (back to the queue,
 its KV freed, re-prefilled later). A small KV pool did not do it here: with --max-total-tokens 2048 or 1024 and
@@ -42,7 +47,7 @@ def wait_drained(base_url: str, timeout_s: float = 60.0) -> None:
 @pytest.fixture(scope="module")
 def admission_and_prefix(tmp_path_factory, tiny_model):
     orders = [
-        ("feather", ("--feather-batch-order", order, *RUNNING_CAP)) for order in ("admission", "prefix")
+        ("feather", ("--feather-batch-order", order, *RUNNING_CAP, *FLOAT32)) for order in ("admission", "prefix")
     ]
     with pytest.MonkeyPatch.context() as env:
         for name, value in RETRACT_EVERY_3_STEPS.items():
