@@ -47,7 +47,8 @@ def wait_drained(base_url: str, timeout_s: float = 60.0) -> None:
 @pytest.fixture(scope="module")
 def admission_and_prefix(tmp_path_factory, tiny_model):
     orders = [
-        ("feather", ("--feather-batch-order", order, *RUNNING_CAP, *FLOAT32)) for order in ("admission", "prefix")
+        ("feather", ("--feather-batch-order", order, *RUNNING_CAP, *FLOAT32))
+        for order in ("admission", "prefix")
     ]
     with pytest.MonkeyPatch.context() as env:
         for name, value in RETRACT_EVERY_3_STEPS.items():
