@@ -10,7 +10,6 @@ from types import SimpleNamespace
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, NextBatchPlan, Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from sglang.srt.sampling.sampling_params import SamplingParams
 
 from sglang_feather.offline import bench_baseline
 from sglang_feather.offline.sglang_objects import cpu_server_args, make_allocator, make_radix_cache
@@ -34,7 +33,6 @@ from sglang_feather.sglang.policy import FeatherSchedulePolicy
 # queue effects and Feather's hooks. Any SGLang policy name runs the same pass with SGLang's own
 # `SchedulePolicy` and `PrefillAdder` and no hooks, for side-by-side timing.
 
-MAX_NEW_TOKENS = 128
 NEW_TOKEN_RATIO = 0.7
 """SGLang 0.5.23's initial `new_token_ratio` (`SGLANG_INIT_NEW_TOKEN_RATIO` default): the decode reservation
 the adder charges per running request."""
@@ -59,10 +57,6 @@ class PassResult:
     adapter_s: float | None
     """Feather's own share of the pass (`FeatherRuntime.last_step_s`, what `feather_pass_seconds` reports);
     None for SGLang's policies."""
-
-
-def make_req(rid: str, token_ids: array, max_new_tokens: int = MAX_NEW_TOKENS) -> Req:
-    return Req(rid, "", token_ids, SamplingParams(max_new_tokens=max_new_tokens))
 
 
 class AdapterHarness:

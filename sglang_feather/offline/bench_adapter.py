@@ -12,7 +12,8 @@ import numpy as np
 from sglang_feather.admission import AdmissionConfig
 from sglang_feather.bench.timing import frozen_heap, gc_disabled
 from sglang_feather.bench.workloads import ZipfGroups
-from sglang_feather.offline.adapter_harness import AdapterHarness, PassResult, make_req
+from sglang_feather.offline.adapter_harness import AdapterHarness, PassResult
+from sglang_feather.offline.sglang_objects import make_req
 from sglang_feather.sglang.options import FEATHER, FeatherOptions
 
 # How it works. One cell: W waiting requests and R running ones, prompts of L tokens from 64 Zipf-popular
@@ -31,6 +32,8 @@ STOPPER = "static"
 decode rates soon stops at the first candidate, and a pass that admits nothing is no comparison."""
 NUM_GROUPS = 64
 ZIPF_ALPHA = 1.0
+MAX_NEW_TOKENS = 128
+"""Every benchmarked request's output budget (what the adder reserves decode room for)."""
 
 
 @dataclass(frozen=True)
@@ -86,12 +89,14 @@ def _build(policy: str, running_prompts, waiting_prompts, stopper: str) -> tuple
     harness = AdapterHarness(
         policy, options=FeatherOptions(AdmissionConfig(stopper=stopper)), cached=tuple(running_prompts)
     )
-    harness.running.extend(make_req(f"r{i}", prompt) for i, prompt in enumerate(running_prompts))
+    harness.running.extend(
+        make_req(f"r{i}", prompt, max_new_tokens=MAX_NEW_TOKENS) for i, prompt in enumerate(running_prompts)
+    )
     if harness.is_feather:
         harness.runtime.mirror.sync([], harness.running, complete=True)
     t0 = time.perf_counter()
     for i, prompt in enumerate(waiting_prompts):
-        harness.arrive(make_req(str(i), prompt))
+        harness.arrive(make_req(str(i), prompt, max_new_tokens=MAX_NEW_TOKENS))
     return harness, (time.perf_counter() - t0) / max(len(waiting_prompts), 1)
 
 
