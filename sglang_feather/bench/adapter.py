@@ -23,7 +23,7 @@ PASS_DEFINITION = (
     "feather) walking the waiting list until it stops, the waiting list rebuilt without the admitted "
     "requests, and (feather) the plugin's get_next_batch_to_run hook; from the queue in arrival order, "
     "restored untimed after every sample. Feather adapter = Feather's own seconds inside that pass "
-    "(FeatherRuntime.last_step_s = the feather_pass_seconds metric). Decode step = the plugin's "
+    "(FeatherRuntime.last_step_s = the feather_step_seconds metric). Decode step = the plugin's "
     "get_next_batch_to_run hook on a decode plan of the running batch (mean of a block of calls per sample)"
 )
 

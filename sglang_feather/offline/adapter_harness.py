@@ -55,7 +55,7 @@ class PassResult:
     pass_s: float
     """The whole pass: calc_priority, the adder loop, the queue update, Feather's end-of-step hook."""
     adapter_s: float | None
-    """Feather's own share of the pass (`FeatherRuntime.last_step_s`, what `feather_pass_seconds` reports);
+    """Feather's own share of the pass (`FeatherRuntime.last_step_s`, what `feather_step_seconds` reports);
     None for SGLang's policies."""
 
 

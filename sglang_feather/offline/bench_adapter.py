@@ -59,7 +59,7 @@ class AdapterCell:
     """Whole Feather pass: calc_priority (begin_pass), the adder loop with SGLang's own budget checks, the queue
     update and the end-of-step hook."""
     feather_adapter_s: Spread
-    """Feather's own share of that pass (what `feather_pass_seconds` reports)."""
+    """Feather's own share of that pass (what `feather_step_seconds` reports)."""
     feather_calc_priority_s: Spread
     decode_step_s: Spread
     self_check_s: Spread

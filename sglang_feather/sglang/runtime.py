@@ -68,7 +68,7 @@ class FeatherRuntime:
         self._needs_rebuild = False
         self._step_s = 0.0
         self.last_step_s = 0.0
-        """Feather's seconds in the last scheduler step, end-of-step hook included (`feather_pass_seconds`)."""
+        """Feather's seconds in the last scheduler step, end-of-step hook included (`feather_step_seconds`)."""
         self._last_save = clock()
         self._last_check = clock()
         self._saved_windows = 0
