@@ -32,9 +32,9 @@ class HeadShape:
 
     def __post_init__(self) -> None:
         if min(self.num_q_heads, self.num_kv_heads, self.head_dim, self.dtype_bytes) < 1:
-            raise WorkloadError(f"head shape values must be positive: {self}")
+            raise WorkloadError("head shape", f"values must be positive: {self}")
         if self.num_q_heads % self.num_kv_heads:
-            raise WorkloadError(f"num_q_heads {self.num_q_heads} not a multiple of {self.num_kv_heads}")
+            raise WorkloadError("num_q_heads", f"{self.num_q_heads} not a multiple of {self.num_kv_heads}")
 
     @property
     def group_size(self) -> int:
@@ -66,7 +66,7 @@ class WorkloadSpec:
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
-            raise WorkloadError(f"page_size must be >= 1, got {self.page_size}")
+            raise WorkloadError("page_size", f"must be >= 1, got {self.page_size}")
         self.shared_prefix()
 
     def shared_prefix(self) -> SharedPrefixSpec:

@@ -10,9 +10,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from sglang_feather.serving import BenchConfig, ServerSpec, Workload, format_table, run_policies
-from sglang_feather.serving.process import exit_on_sigterm
+from sglang_feather.serving.process import exit_on_sigterm, run_cli
 from sglang_feather.serving.repeats import format_summary, summarize
-from sglang_feather.workload import SharedPrefixSpec
+from sglang_feather.workload import SHAPE_FIELDS, SharedPrefixSpec, WorkloadFlags
 
 DEFAULT_MODEL = "models/tiny-llama"
 FEATHER = "feather"
@@ -20,6 +20,12 @@ BASELINE = "fcfs"
 DEFAULT_POLICIES = (BASELINE, "lpm", "dfs-weight", FEATHER)
 FEATHER_COUNTERS = ("sglang:feather_admissions_total", "sglang:feather_stops_total")
 """Printed after each run: how often the stopper ended a pass with requests waiting, against admissions."""
+WORKLOAD_FLAGS = WorkloadFlags(
+    SharedPrefixSpec.per_group(8, 16, prefix_len=512, question_len=32, output_len=32),
+    names=SHAPE_FIELDS,
+    per_group=True,
+)
+"""The spec fields bench_serving's generated-shared-prefix dataset takes (it draws its own text, so no seed)."""
 FLAG_STRING_OPTIONS = ("--server-args", "--feather-args")
 """Options whose value is itself a command line: the next token is always their value."""
 
@@ -67,11 +73,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda if nvidia-smi exists"
     )
-    parser.add_argument("--groups", type=positive_int, default=8)
-    parser.add_argument("--prompts-per-group", type=positive_int, default=16)
-    parser.add_argument("--system-prompt-len", type=positive_int, default=512)
-    parser.add_argument("--question-len", type=positive_int, default=32)
-    parser.add_argument("--output-len", type=positive_int, default=32)
+    WORKLOAD_FLAGS.add_to(
+        parser.add_argument_group("workload (bench_serving's generated-shared-prefix)"),
+        aliases={"num_groups": ("--groups",), "prefix_len": ("--system-prompt-len",)},
+    )
     parser.add_argument("--max-concurrency", type=positive_int, default=64)
     parser.add_argument(
         "--server-args",
@@ -85,6 +90,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, default=Path("results/demo"))
     args = parser.parse_args(join_flag_strings(sys.argv[1:] if argv is None else argv))
+    try:
+        spec = WORKLOAD_FLAGS.spec(args)
+        args.workload = Workload(
+            f"gsp-{spec.num_groups}x{spec.num_requests // spec.num_groups}-{spec.prefix_len}", spec
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
     args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not args.policies:
         parser.error("--policies names no policy")
@@ -133,14 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     exit_on_sigterm()
     check_model(args.model)
     device = pick_device(args.device)
-    spec = SharedPrefixSpec.per_group(
-        args.groups,
-        args.prompts_per_group,
-        prefix_len=args.system_prompt_len,
-        question_len=args.question_len,
-        output_len=args.output_len,
-    )
-    workload = Workload(f"gsp-{args.groups}x{args.prompts_per_group}-{args.system_prompt_len}", spec)
+    workload = args.workload
     config = BenchConfig(max_concurrency=args.max_concurrency)
     baseline = BASELINE if BASELINE in args.policies else args.policies[0]
     print(
@@ -195,8 +200,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted: every server was stopped", file=sys.stderr)
-        sys.exit(130)
+    run_cli(main)

@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 # The dataclass calls `check_options(self)` in `__post_init__`, so a value is validated once whichever surface
 # it came from. Each surface only spells the name: SGLang's and the simulator's `--feather-max-wait-s` flags
 # (`add_flags`, `given_flags`), vLLM's `additional_config["feather"]["max_wait_s"]` key; a `ConfigError`
-# carries the field name and `shown_as` renames it into the spelling the user typed.
+# carries the field name and `shown_as` renames it into the spelling the user typed. The workload spec
+# (`sglang_feather.workload`) declares its fields the same way, spelt without the prefix (`--num-groups`).
 
 T = TypeVar("T")
 
@@ -36,7 +37,7 @@ class ConfigError(ValueError):
 
     def shown_as(self, name: str) -> ConfigError:
         """The same error naming the option as one surface spells it (a flag, a config key)."""
-        return ConfigError(self.option, self.problem, name)
+        return type(self)(self.option, self.problem, name)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ class Option:
     """What is wrong with a value ("must be ..., got ..."), or None when it is valid."""
     choices: Callable[[], Sequence[str]] | None = None
     """The valid values, for a field that takes a name (the check then is membership)."""
+    prefix: str = FLAG_PREFIX
+    """What the command-line spelling puts before the name."""
 
     def problem(self, value: Any) -> str | None:
         if self.choices is not None and value not in self.choices():
@@ -60,7 +63,7 @@ class Option:
         return None if self.check is None else self.check(value)
 
     def flag(self) -> str:
-        return flag(self.name)
+        return self.prefix + self.name.replace("_", "-")
 
     def dest(self) -> str:
         return self.flag().lstrip("-").replace("-", "_")
@@ -90,21 +93,26 @@ def option(
     return field(default=default, default_factory=default_factory, metadata={_KEY: spec})
 
 
-def declared(cls: type) -> tuple[Option, ...]:
-    """The options a config dataclass declares, in field order."""
+def declared(cls: type, *, prefix: str = FLAG_PREFIX) -> tuple[Option, ...]:
+    """The options a config dataclass declares, in field order, spelt on command lines with `prefix`."""
     return tuple(
-        Option(f.name, f.default if f.default_factory is MISSING else f.default_factory(), **f.metadata[_KEY])
+        Option(
+            f.name,
+            f.default if f.default_factory is MISSING else f.default_factory(),
+            **f.metadata[_KEY],
+            prefix=prefix,
+        )
         for f in fields(cls)
         if _KEY in f.metadata
     )
 
 
-def check_options(config: Any) -> None:
-    """Raise ConfigError for the first declared field of `config` whose value is invalid."""
+def check_options(config: Any, error: type[ConfigError] = ConfigError) -> None:
+    """Raise `error` for the first declared field of `config` whose value is invalid."""
     for opt in declared(type(config)):
         problem = opt.problem(getattr(config, opt.name))
         if problem is not None:
-            raise ConfigError(opt.name, problem)
+            raise error(opt.name, problem)
 
 
 def build(cls: type[T], values: Mapping[str, Any], name: Callable[[str], str], **engine_set: Any) -> T:
@@ -131,12 +139,17 @@ def show(value: Any) -> str:
 # ----------------------------------------------------------------- command lines
 
 
-def add_flags(parser: argparse.ArgumentParser | Any, options: Iterable[Option]) -> None:
-    """Add a `--feather-*` flag per option; a flag not given leaves no attribute (the dataclass default
-    applies), so the default is written once, on the field."""
+def add_flags(
+    parser: argparse.ArgumentParser | Any,
+    options: Iterable[Option],
+    aliases: Mapping[str, Sequence[str]] | None = None,
+) -> None:
+    """Add a flag per option (with the extra spellings `aliases[name]`); a flag not given leaves no attribute
+    (the dataclass default applies), so the default is written once, on the field."""
     for opt in options:
         parser.add_argument(
             opt.flag(),
+            *(aliases or {}).get(opt.name, ()),
             dest=opt.dest(),
             type=_argparse_type(opt),
             metavar=opt.metavar,
@@ -161,11 +174,24 @@ def _argparse_type(opt: Option) -> Callable[[str], Any]:
     return parse
 
 
-def parse_int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"not an integer: {text!r}") from None
+def _parser(convert: Callable[[str], T], what: str) -> Callable[[str], T]:
+    def parse(text: str) -> T:
+        try:
+            return convert(text)
+        except ValueError:
+            raise ValueError(f"not {what}: {text!r}") from None
+
+    return parse
+
+
+def _or_none(parse: Callable[[str], T]) -> Callable[[str], T | None]:
+    return lambda text: None if text.strip().lower() == "none" else parse(text)
+
+
+parse_int = _parser(int, "an integer")
+parse_float = _parser(float, "a number")
+parse_float_or_none = _or_none(parse_float)
+parse_seconds_or_none = _or_none(_parser(float, "a number of seconds"))
 
 
 def parse_on_off(text: str) -> bool:
@@ -173,15 +199,6 @@ def parse_on_off(text: str) -> bool:
     if value is None:
         raise ValueError(f"expected on or off, got {text!r}")
     return value
-
-
-def parse_seconds_or_none(text: str) -> float | None:
-    if text.strip().lower() == "none":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"not a number of seconds: {text!r}") from None
 
 
 def parse_path_or_none(text: str) -> str | None:
@@ -205,6 +222,26 @@ def positive_int(value: Any) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         return f"must be a positive integer, got {value!r}"
     return None
+
+
+def non_negative_int(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return f"must be an integer >= 0, got {value!r}"
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def non_negative_number(value: Any) -> str | None:
+    return None if _is_number(value) and value >= 0 else f"must be a finite number >= 0, got {value!r}"
+
+
+def positive_number_or_none(value: Any) -> str | None:
+    if value is None or (_is_number(value) and value > 0):
+        return None
+    return f"must be a finite number > 0, or none, got {value!r}"
 
 
 def integer(value: Any) -> str | None:

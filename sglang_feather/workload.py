@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+import argparse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import xxhash
+
+from sglang_feather.options import (
+    ConfigError,
+    Option,
+    add_flags,
+    check_options,
+    declared,
+    given_flags,
+    integer,
+    non_negative_int,
+    non_negative_number,
+    option,
+    parse_float,
+    parse_float_or_none,
+    parse_int,
+    positive_int,
+    positive_number_or_none,
+)
 
 # How it works.
 #
@@ -24,8 +44,8 @@ VOCAB_SIZE = 128_000
 """Token ids are drawn from [1, VOCAB_SIZE) unless a consumer narrows the range (a tiny model's vocabulary)."""
 
 
-class WorkloadError(ValueError):
-    """A workload parameter is out of range."""
+class WorkloadError(ConfigError):
+    """A workload parameter is out of range; the message names it."""
 
 
 @dataclass(frozen=True)
@@ -124,42 +144,50 @@ class WorkloadRequest:
         return sum(s.num_tokens for s in self.segments)
 
 
+def _integer(default: int, metavar: str, help: str, check: Callable[[Any], str | None] = positive_int) -> Any:
+    return option(default, metavar=metavar, help=help, parse=parse_int, check=check)
+
+
+def _name(default: str, help: str, registry: Mapping[str, Any]) -> Any:
+    return option(default, metavar="NAME", help=help, parse=str, choices=lambda: tuple(registry))
+
+
 @dataclass(frozen=True)
 class SharedPrefixSpec:
     """`num_requests` conversations over `num_groups` groups sharing a `prefix_len`-token prefix each."""
 
-    num_groups: int = 8
-    num_requests: int = 800
-    prefix_len: int = 4096
-    question_len: int = 20
-    output_len: int = 50
-    popularity: str = "uniform"
-    zipf_alpha: float = 1.0
-    order: str = "random"
-    num_turns: int = 1
-    rate: float | None = None
-    """Poisson arrivals of first turns at this many requests/s; None = all at t=0 (offline)."""
-    seed: int = 0
+    num_groups: int = _integer(8, "N", "prefix groups")
+    num_requests: int = _integer(800, "N", "conversations (first turns)")
+    prefix_len: int = _integer(4096, "TOKENS", "shared prefix (system prompt) per group", non_negative_int)
+    question_len: int = _integer(20, "TOKENS", "unique question per turn", non_negative_int)
+    output_len: int = _integer(50, "TOKENS", "output per turn (fixed length)")
+    popularity: str = _name("uniform", "group sizes", POPULARITY)
+    zipf_alpha: float = option(
+        1.0,
+        metavar="ALPHA",
+        help="Zipf exponent of group sizes",
+        parse=parse_float,
+        check=non_negative_number,
+    )
+    order: str = _name("random", "arrival order of first turns", ORDERS)
+    num_turns: int = _integer(1, "N", "turns per conversation")
+    rate: float | None = option(
+        None,
+        metavar="REQ/S",
+        help="Poisson arrivals of first turns at this many requests/s; none = all at t=0 (offline)",
+        parse=parse_float_or_none,
+        check=positive_number_or_none,
+    )
+    seed: int = _integer(0, "N", "seed of tokens and order", integer)
 
     def __post_init__(self) -> None:
-        for name in ("num_groups", "num_requests", "output_len", "num_turns"):
-            if getattr(self, name) < 1:
-                raise WorkloadError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_options(self, WorkloadError)
         if self.num_groups > self.num_requests:
-            raise WorkloadError(f"num_groups ({self.num_groups}) exceeds num_requests ({self.num_requests})")
-        if self.prefix_len < 0 or self.question_len < 0 or self.prefix_len + self.question_len < 1:
             raise WorkloadError(
-                f"need prefix_len, question_len >= 0 and a non-empty prompt, got {self.prefix_len}, "
-                f"{self.question_len}"
+                "num_groups", f"({self.num_groups}) exceeds num_requests ({self.num_requests})"
             )
-        if self.popularity not in POPULARITY:
-            raise WorkloadError(f"unknown popularity {self.popularity!r}; choose from {sorted(POPULARITY)}")
-        if self.order not in ORDERS:
-            raise WorkloadError(f"unknown order {self.order!r}; choose from {sorted(ORDERS)}")
-        if self.zipf_alpha < 0:
-            raise WorkloadError(f"zipf_alpha must be >= 0, got {self.zipf_alpha}")
-        if self.rate is not None and self.rate <= 0:
-            raise WorkloadError(f"rate must be > 0 requests/s, got {self.rate}")
+        if self.prefix_len + self.question_len < 1:
+            raise WorkloadError("prefix_len", "and question_len are both 0: a prompt must be non-empty")
 
     @classmethod
     def per_group(cls, num_groups: int, prompts_per_group: int, **knobs) -> SharedPrefixSpec:
@@ -225,3 +253,66 @@ class SharedPrefixSpec:
     def prompts(self, *, low: int = 1, high: int = VOCAB_SIZE) -> list[np.ndarray]:
         """Token ids of the first turns in arrival order (the prompts of a one-turn workload)."""
         return [concat_tokens(r.segments, low=low, high=high) for r in self.requests() if r.turn == 0]
+
+
+FLAGS = declared(SharedPrefixSpec, prefix="--")
+"""The spec's fields as command-line flags, `num_groups` as `--num-groups`."""
+
+SHAPE_FIELDS = ("num_groups", "prefix_len", "question_len", "output_len", "popularity", "zipf_alpha", "order")
+"""The fields that shape a one-turn batch of groups, which every serving client's flags offer (with
+`--prompts-per-group`); seed, rate and turns are each tool's own."""
+
+
+@dataclass(frozen=True)
+class WorkloadFlags:
+    """A command line's workload flags, generated from the spec: the fields `names` defaulting to `base`'s
+    values, and with `per_group` bench_serving's `--prompts-per-group`, which sets num_requests to num_groups
+    times it. `scopes` says, per name, which of the command line's workloads read the flag."""
+
+    base: SharedPrefixSpec = SharedPrefixSpec()
+    names: tuple[str, ...] = tuple(opt.name for opt in FLAGS)
+    per_group: bool = False
+    scopes: Mapping[str, str] = field(default_factory=dict)
+
+    def options(self) -> tuple[Option, ...]:
+        own = [replace(opt, default=getattr(self.base, opt.name)) for opt in FLAGS if opt.name in self.names]
+        if self.per_group:
+            own.append(
+                Option(
+                    "prompts_per_group",
+                    self.base.num_requests // self.base.num_groups,
+                    metavar="N",
+                    help="conversations per group (num_requests = num_groups x N)",
+                    parse=parse_int,
+                    check=positive_int,
+                    prefix="--",
+                )
+            )
+        return tuple(
+            replace(opt, help=f"{self.scopes[opt.name]}: {opt.help}") if opt.name in self.scopes else opt
+            for opt in own
+        )
+
+    def add_to(
+        self, parser: argparse.ArgumentParser | Any, aliases: Mapping[str, Sequence[str]] | None = None
+    ) -> None:
+        add_flags(parser, self.options(), aliases)
+
+    def spec(self, args: argparse.Namespace, *, per_group: bool = True) -> SharedPrefixSpec:
+        """`base` with the flags given in `args`; unless `per_group` is False, `--prompts-per-group` (given or
+        its default) sets num_requests. Raises WorkloadError naming the flag."""
+        options = self.options()
+        values = given_flags(args, options)
+        num_per_group = values.pop("prompts_per_group", None)
+        if self.per_group and per_group:
+            opt = options[-1]
+            num_per_group = opt.default if num_per_group is None else num_per_group
+            problem = opt.problem(num_per_group)
+            if problem is not None:
+                raise WorkloadError(opt.name, problem, opt.flag())
+            values["num_requests"] = values.get("num_groups", self.base.num_groups) * num_per_group
+        spelt = {opt.name: opt.flag() for opt in options}
+        try:
+            return replace(self.base, **values)
+        except ConfigError as err:
+            raise err.shown_as(spelt.get(err.option, err.option)) from None

@@ -14,12 +14,18 @@ from pathlib import Path
 from kernels_bench.serving.plot import plot
 from kernels_bench.serving.profiles import PROFILES
 from kernels_bench.serving.workloads import DRY_SMALL, WorkloadPlan, build_workloads
+from sglang_feather.options import given_flags
 from sglang_feather.serving import BenchConfig, ServerSpec, format_table, run_policies
-from sglang_feather.serving.process import exit_on_sigterm
+from sglang_feather.serving.process import exit_on_sigterm, run_cli
+from sglang_feather.workload import SHAPE_FIELDS, WorkloadFlags
 
 FEATHER = "feather"
 POLICIES = ("fcfs", "lpm", "dfs-weight", FEATHER)
 TINY_MODEL = "models/tiny-llama"
+WORKLOAD_FLAGS = WorkloadFlags(
+    WorkloadPlan().spec, names=tuple(n for n in SHAPE_FIELDS if n != "prefix_len"), per_group=True
+)
+"""The spec's flags but `--prefix-len`: `--prefix-lens` lists the prefix lengths to serve."""
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -36,10 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", choices=sorted(PROFILES), help="machine settings (see README)")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--prefix-lens", type=_ints, default=plan.prefix_lens, help="shared prefix tokens")
-    parser.add_argument("--groups", type=int, default=plan.num_groups)
-    parser.add_argument("--prompts-per-group", type=int, default=plan.prompts_per_group)
-    parser.add_argument("--question-len", type=int, default=plan.question_len)
-    parser.add_argument("--output-len", type=int, default=plan.output_len)
+    WORKLOAD_FLAGS.add_to(parser, aliases={"num_groups": ("--groups",)})
     parser.add_argument("--no-sharing-len", type=int, default=plan.no_sharing_len, help="0 skips it")
     parser.add_argument("--max-concurrency", type=int, default=None, help="default: every request at once")
     parser.add_argument("--request-rate", type=float, default=None, help="default: inf")
@@ -57,20 +60,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.profile = args.profile or "cpu-tiny"
     elif not (args.model and args.profile):
         parser.error("--model and --profile are required (or use --dry-small)")
+    if args.dry_small and given_flags(args, WORKLOAD_FLAGS.options()):
+        parser.error("--dry-small serves its own tiny workloads: drop the workload flags")
+    try:
+        plan = WorkloadPlan(WORKLOAD_FLAGS.spec(args), args.prefix_lens, args.no_sharing_len or None)
+        args.workloads = build_workloads(DRY_SMALL if args.dry_small else plan)
+    except ValueError as exc:
+        parser.error(str(exc))
     return args
-
-
-def workload_plan(args: argparse.Namespace) -> WorkloadPlan:
-    if args.dry_small:
-        return DRY_SMALL
-    return WorkloadPlan(
-        prefix_lens=args.prefix_lens,
-        num_groups=args.groups,
-        prompts_per_group=args.prompts_per_group,
-        question_len=args.question_len,
-        output_len=args.output_len,
-        no_sharing_len=args.no_sharing_len or None,
-    )
 
 
 def policy_args(policy: str, args: argparse.Namespace) -> tuple[str, ...]:
@@ -92,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     now = datetime.datetime.now(datetime.UTC)
     out = args.out or Path("results/serving") / f"{args.profile}-{now:%Y%m%d-%H%M%S}"
     out.mkdir(parents=True, exist_ok=True)
-    workloads = build_workloads(workload_plan(args))
+    workloads = args.workloads
     config = BenchConfig(max_concurrency=args.max_concurrency, request_rate=args.request_rate)
     extra = profile.server_args + tuple(shlex.split(args.server_args))
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -137,8 +134,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted: every server was stopped", file=sys.stderr)
-        sys.exit(130)
+    run_cli(main)

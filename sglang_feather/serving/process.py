@@ -5,8 +5,9 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 _LIVE: set["ProcessGroup"] = set()
 
@@ -77,6 +78,15 @@ def stop_all() -> None:
 def exit_on_sigterm() -> None:
     """Turn SIGTERM into SystemExit so `with` blocks and atexit tear servers down (CLI entry points only)."""
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+def run_cli(main: Callable[[], int]) -> NoReturn:
+    """Exit with `main()`'s status; Ctrl-C exits 130 once every server was stopped (CLI entry points only)."""
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted: every server was stopped", file=sys.stderr)
+        sys.exit(130)
 
 
 atexit.register(stop_all)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict
 
 from sglang_feather.sim.cli import (
     admission_config,
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"overrides: {', '.join(provenance['overrides'])}")
     runs, points = [], []
     for value in values:
-        wcfg = workload_config(args) if key is None else replace(workload_config(args), **{key: value})
+        wcfg = workload_config(args) if key is None else workload_config(args, **{key: value})
         try:
             requests = read_jsonl(args.trace) if args.trace else make_workload(args.workload, wcfg)
         except (TraceError, OSError, ValueError) as e:

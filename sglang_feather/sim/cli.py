@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import fields
+from typing import Any
 
 from sglang_feather.admission import AdmissionConfig
 from sglang_feather.options import ConfigError, add_flags, build, declared, flag, given_flags
@@ -12,6 +13,7 @@ from sglang_feather.sim import profile
 from sglang_feather.sim.engine import BATCH_ORDERS, EngineConfig
 from sglang_feather.sim.policies import POLICIES
 from sglang_feather.sim.workloads import WORKLOADS, WorkloadConfig
+from sglang_feather.workload import WorkloadFlags
 
 DEFAULT_POLICIES = "fcfs,lpm,dfs-weight,feather"
 
@@ -20,6 +22,25 @@ NOT_SIMULATED = {"state_path": "a simulated run starts with a fresh stopper and 
 
 FEATHER_FLAGS = tuple(opt for opt in declared(AdmissionConfig) if opt.name not in NOT_SIMULATED)
 """`--feather-*` flags, spelt and checked as SGLang's (`sglang_feather.options`)."""
+
+
+WORKLOAD_FLAGS = WorkloadFlags(
+    WorkloadConfig().spec,
+    per_group=True,
+    scopes={
+        "num_groups": "gsp",
+        "num_requests": "none, rag, chat",
+        "prefix_len": "gsp, paper, chat",
+        "popularity": "gsp",
+        "zipf_alpha": "gsp, rag (documents are its groups)",
+        "num_turns": "chat",
+        "prompts_per_group": "gsp",
+    },
+)
+"""`--num-groups`, `--prefix-len`, ...: the shared-prefix spec's fields (`sglang_feather.workload`)."""
+
+SIM_WORKLOAD_FIELDS = {f.name for f in fields(WorkloadConfig)} - {"spec"}
+"""The simulator's own workload knobs (leval, rag, none, chat), with hand-written flags."""
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -49,32 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--trace", help="replay this JSONL trace instead of generating a workload")
     w.add_argument("--export-trace", help="write the (generated) trace to this JSONL file")
-    w.add_argument("--seed", type=int, default=d.seed, help="workload seed")
-    w.add_argument("--num-groups", type=int, default=d.num_groups, help="gsp: prefix groups")
+    WORKLOAD_FLAGS.add_to(w, aliases={"popularity": ("--group-dist",)})
     w.add_argument(
-        "--prompts-per-group", type=int, default=d.prompts_per_group, help="gsp: mean requests per group"
-    )
-    w.add_argument(
-        "--prefix-len", type=int, default=d.prefix_len, help="gsp/paper/chat: shared system prompt tokens"
-    )
-    w.add_argument(
-        "--question-len", type=int, default=d.question_len, help="unique question tokens per request"
-    )
-    w.add_argument(
-        "--output-len", type=int, default=d.output_len, help="output tokens per request (fixed length)"
-    )
-    w.add_argument("--group-dist", choices=("uniform", "zipf"), default=d.group_dist, help="gsp: group sizes")
-    w.add_argument(
-        "--zipf-alpha",
-        type=float,
-        default=d.zipf_alpha,
-        help="gsp: Zipf exponent of group sizes; rag: of document popularity",
-    )
-    w.add_argument(
-        "--ordered", action="store_true", help="keep requests grouped in arrival order (default: shuffled)"
-    )
-    w.add_argument(
-        "--num-requests", type=int, default=d.num_requests, help="none, rag: requests; chat: conversations"
+        "--ordered",
+        dest="order",
+        action="store_const",
+        const="contiguous",
+        default=argparse.SUPPRESS,
+        help="same as --order contiguous: requests grouped in arrival order",
     )
     w.add_argument("--prompt-len", type=int, default=d.prompt_len, help="none: prompt tokens")
     w.add_argument("--num-docs", type=int, default=d.num_docs, help="leval, rag: documents")
@@ -87,12 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.questions_range,
         help="leval: questions per document LO:HI",
     )
-    w.add_argument("--num-turns", type=int, default=d.num_turns, help="chat: turns per conversation")
     w.add_argument(
         "--think-s", type=float, default=d.think_s, help="chat: seconds between a reply and the next turn"
-    )
-    w.add_argument(
-        "--rate", type=float, help="Poisson arrivals at this many requests/s (default: all at t=0)"
     )
     w.add_argument(
         "--sweep", help="KEY=V1,V2,...: rerun for each value of a workload option, e.g. prefix_len=1024,4096"
@@ -182,9 +181,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def workload_config(args: argparse.Namespace) -> WorkloadConfig:
-    names = {f.name for f in fields(WorkloadConfig)}
-    return WorkloadConfig(**{k: v for k, v in vars(args).items() if k in names})
+def workload_config(args: argparse.Namespace, **sweep: Any) -> WorkloadConfig:
+    """The workload of the flags given, a sweep's `{key: value}` taken as given too."""
+    args = argparse.Namespace(**{**vars(args), **sweep})
+    if args.workload != "gsp" and not hasattr(args, "num_groups"):
+        # Only gsp reads the group count (the others set their own), so its default must not limit theirs.
+        args.num_groups = 1
+    try:
+        spec = WORKLOAD_FLAGS.spec(args, per_group=args.workload == "gsp")
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+    return WorkloadConfig(spec, **{k: v for k, v in vars(args).items() if k in SIM_WORKLOAD_FIELDS})
 
 
 def admission_config(args: argparse.Namespace) -> AdmissionConfig:
@@ -215,6 +222,6 @@ def sweep_values(text: str | None) -> tuple[str | None, list[int | float]]:
     if text is None:
         return None, [0]
     key, sep, values = text.partition("=")
-    if not sep or key not in {f.name for f in fields(WorkloadConfig)}:
+    if not sep or key not in SIM_WORKLOAD_FIELDS | {opt.dest() for opt in WORKLOAD_FLAGS.options()}:
         raise SystemExit(f"--sweep: expected KEY=V1,V2 with KEY a workload option, got {text!r}")
     return key, [json.loads(v) for v in values.split(",")]

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from sglang_feather.sim.profile import load_profile
 from sglang_feather.sim.report import summarize, wait_by_length
 from sglang_feather.sim.run import RunSpec, simulate
 from sglang_feather.sim.workloads import WorkloadConfig, make_workload
+from sglang_feather.workload import SharedPrefixSpec
 
 # How it works.
 #
@@ -43,16 +44,17 @@ def _demo() -> Iterator[Case]:
     """The live CPU demo's workload (make demo): 8 groups x 16, 512-token prefix, 32-token questions and
     outputs, bench_serving --max-concurrency 64, cold cache; chunked prefill 4096 (SGLang's default for a
     host under 35 GB, the CPU server's case)."""
-    knobs = WorkloadConfig(num_groups=8, prompts_per_group=16, prefix_len=512, question_len=32, output_len=32)
+    knobs = WorkloadConfig(SharedPrefixSpec.per_group(8, 16, prefix_len=512, question_len=32, output_len=32))
     for overlap in (True, False):
         engine = EngineConfig(overlap_schedule=overlap, max_concurrency=64, chunked_prefill_size=4096)
         yield Case(f"demo overlap={'on' if overlap else 'off'}", "gsp", knobs, engine)
 
 
 RAG = WorkloadConfig(
-    num_docs=200, doc_len_range=(3000, 12000), zipf_alpha=1.0, num_requests=600, rate=20.0,
-    question_len=64, output_len=128,
-)  # fmt: skip
+    SharedPrefixSpec(zipf_alpha=1.0, num_requests=600, rate=20.0, question_len=64, output_len=128),
+    num_docs=200,
+    doc_len_range=(3000, 12000),
+)
 """Issue 10's unseen RAG trace: 200 documents of 3K-12K tokens, Zipf popularity, Poisson 20 req/s; the
 request count (30 s of arrivals), question and output lengths are this sweep's choice."""
 
@@ -62,7 +64,7 @@ def _rag() -> Iterator[Case]:
         yield Case(f"{gpu} rag", "rag", RAG, EngineConfig(), gpu)
 
 
-NO_SHARING = WorkloadConfig(num_requests=400, prompt_len=2048, output_len=128)
+NO_SHARING = WorkloadConfig(SharedPrefixSpec(num_requests=400, output_len=128), prompt_len=2048)
 """Issue 10's parity check: 400 unrelated 2K-token prompts (nothing shared), all at t=0, so the server is
 saturated and any batching loss shows in throughput."""
 
@@ -75,17 +77,17 @@ def _no_sharing() -> Iterator[Case]:
 def _order_cases() -> Iterator[tuple[str, str, WorkloadConfig]]:
     for groups in (8, 16, 64):
         knobs = WorkloadConfig(
-            num_groups=groups,
-            prompts_per_group=512 // groups,
-            prefix_len=2048,
-            question_len=32,
-            output_len=256,
-            rate=32.0,
+            SharedPrefixSpec.per_group(
+                groups, 512 // groups, prefix_len=2048, question_len=32, output_len=256, rate=32.0
+            )
         )
         yield f"gsp {groups}g", "gsp", knobs
-    yield "rag", "rag", replace(RAG, num_requests=300)
+    yield "rag", "rag", RAG.with_spec(num_requests=300)
     chat = WorkloadConfig(
-        num_requests=64, num_turns=4, prefix_len=2048, question_len=64, output_len=128, think_s=1.0, rate=8.0
+        SharedPrefixSpec(
+            num_requests=64, num_turns=4, prefix_len=2048, question_len=64, output_len=128, rate=8.0
+        ),
+        think_s=1.0,
     )
     yield "chat", "chat", chat
 
@@ -129,7 +131,7 @@ def run_case(case: Case, policies: tuple[str, ...], seeds: list[int], cpu) -> li
     cost = PhysicsCostModel(load_profile(case.gpu, case.model))
     rows = []
     for seed in seeds:
-        requests = make_workload(case.workload, replace(case.knobs, seed=seed))
+        requests = make_workload(case.workload, case.knobs.with_spec(seed=seed))
         base = None
         for policy in policies:
             log = simulate(requests, cost, RunSpec(policy), case.engine, cpu)

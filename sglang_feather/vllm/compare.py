@@ -7,13 +7,13 @@ import json
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sglang_feather.serving.process import exit_on_sigterm
 from sglang_feather.serving.server import Server, ServerSpec, vllm_feather_args
 from sglang_feather.vllm.workload import RunResult, prefix_cache_counters, run
-from sglang_feather.workload import SharedPrefixSpec
+from sglang_feather.workload import SHAPE_FIELDS, SharedPrefixSpec, WorkloadFlags
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,14 @@ WARMUP = SharedPrefixSpec.per_group(
 """A few unrelated requests first, so that one-time costs (first forward pass, tokenizer) are not measured."""
 
 
+WORKLOAD_FLAGS = WorkloadFlags(
+    SharedPrefixSpec.per_group(8, 25, prefix_len=128, question_len=16, output_len=16, order="interleaved"),
+    names=SHAPE_FIELDS,
+    per_group=True,
+)
+"""The client sends first turns at once (`vllm.workload.run`): no rate, one turn."""
+
+
 def vllm_spec(model: str, policy: str, extra_args: tuple[str, ...] = ()) -> ServerSpec:
     """A vLLM server on CPU (`serving.server.VLLM_DEVICES["cpu"]`), `policy` fcfs (vLLM's own) or feather."""
     return ServerSpec(model=model, policy=policy, engine="vllm", device="cpu", extra_args=extra_args)
@@ -64,11 +72,7 @@ def measure(server: Server, scheduler: str, workload: SharedPrefixSpec, concurre
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="models/tiny-llama")
-    parser.add_argument("--num-groups", type=int, default=8)
-    parser.add_argument("--prompts-per-group", type=int, default=25)
-    parser.add_argument("--prefix-len", type=int, default=128)
-    parser.add_argument("--question-len", type=int, default=16)
-    parser.add_argument("--output-len", type=int, default=16)
+    WORKLOAD_FLAGS.add_to(parser.add_argument_group("workload (fresh prefixes each round: seed = round)"))
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--block-size", type=int, default=32)
@@ -76,6 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--feather", type=json.loads, default={}, help='JSON, e.g. \'{"stopper": "static"}\'')
     parser.add_argument("--log-dir", type=Path, default=Path("results/vllm"))
     args = parser.parse_args(argv)
+    try:
+        spec = WORKLOAD_FLAGS.spec(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     exit_on_sigterm()
     sizes = ("--block-size", str(args.block_size), "--max-num-seqs", str(args.max_num_seqs))
     specs = {
@@ -89,15 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for server in servers.values():
             server.start()
         for seed in range(args.repeat):
-            workload = SharedPrefixSpec.per_group(
-                args.num_groups,
-                args.prompts_per_group,
-                prefix_len=args.prefix_len,
-                question_len=args.question_len,
-                output_len=args.output_len,
-                order="interleaved",
-                seed=seed,
-            )
+            workload = replace(spec, seed=seed)
             for name, server in servers.items():
                 runs[name].append(measure(server, name, workload, args.concurrency))
             pair = [runs[name][-1].result.texts for name in specs]

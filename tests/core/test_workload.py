@@ -1,8 +1,11 @@
-"""The shared-prefix workload spec: group sizes, arrival orders, turns, and tokens shared exactly by segment."""
+"""The shared-prefix workload spec: group sizes, arrival orders, turns, tokens shared exactly by segment, and the
+command-line flags generated from its fields."""
 
 from __future__ import annotations
 
+import argparse
 from collections import Counter
+from dataclasses import fields, replace
 
 import numpy as np
 import pytest
@@ -10,10 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_feather.workload import (
+    FLAGS,
     ORDERS,
     POPULARITY,
     SharedPrefixSpec,
     WorkloadError,
+    WorkloadFlags,
     concat_tokens,
     segment_tokens,
 )
@@ -129,3 +134,60 @@ def test_segment_tokens_are_a_pure_prefix_stable_function_of_the_key():
 def test_bad_specs_raise_workload_error(kwargs, match):
     with pytest.raises(WorkloadError, match=match):
         SharedPrefixSpec(**{**dict(num_groups=2, num_requests=4), **kwargs})
+
+
+def _flags(flags: WorkloadFlags, argv: list[str], **aliases) -> SharedPrefixSpec:
+    parser = argparse.ArgumentParser()
+    flags.add_to(parser, aliases)
+    return flags.spec(parser.parse_args(argv))
+
+
+def test_flags_are_generated_from_the_fields_with_a_tools_defaults():
+    assert [opt.name for opt in FLAGS] == [f.name for f in fields(SharedPrefixSpec)]
+    assert all(opt.flag() == "--" + opt.name.replace("_", "-") and opt.dest() == opt.name for opt in FLAGS)
+    base = SharedPrefixSpec.per_group(4, 5, prefix_len=64, order="interleaved")
+    flags = WorkloadFlags(base, names=("num_groups", "prefix_len", "order"), per_group=True)
+    assert {opt.name: opt.default for opt in flags.options()} == {
+        "num_groups": 4,
+        "prefix_len": 64,
+        "order": "interleaved",
+        "prompts_per_group": 5,
+    }
+    assert _flags(flags, []) == base
+    assert _flags(flags, ["--num-groups", "2"]) == replace(base, num_groups=2, num_requests=10)
+    assert _flags(flags, ["--prompts-per-group", "3", "--prefix-len", "8"]) == replace(
+        base, num_requests=12, prefix_len=8
+    )
+    with pytest.raises(SystemExit):
+        _flags(flags, ["--seed", "3"])
+
+
+def test_flags_without_per_group_and_with_aliases():
+    flags = WorkloadFlags(SharedPrefixSpec(num_groups=2, num_requests=4))
+    assert "prompts_per_group" not in {opt.name for opt in flags.options()}
+    spec = _flags(flags, ["--groups", "3", "--rate", "2.5", "--num-turns", "2"], num_groups=("--groups",))
+    assert spec == SharedPrefixSpec(num_groups=3, num_requests=4, rate=2.5, num_turns=2)
+    parser = argparse.ArgumentParser()
+    flags.add_to(parser)
+    assert flags.spec(parser.parse_args(["--num-groups", "3"]), per_group=False).num_requests == 4
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--num-groups", "9"], "--num-groups (9) exceeds num_requests (8)"),
+        (["--prompts-per-group", "0"], "--prompts-per-group must be a positive integer, got 0"),
+        (
+            ["--order", "sorted"],
+            "--order must be one of ['contiguous', 'interleaved', 'random'], got 'sorted'",
+        ),
+        (["--prefix-len", "0", "--question-len", "0"], "--prefix-len and question_len are both 0"),
+    ],
+)
+def test_flag_errors_name_the_flag(argv, message):
+    flags = WorkloadFlags(
+        SharedPrefixSpec(num_groups=2, num_requests=8), per_group="--prompts-per-group" in argv
+    )
+    with pytest.raises(WorkloadError) as err:
+        _flags(flags, argv)
+    assert str(err.value).startswith(message)

@@ -1,11 +1,13 @@
 """Server command lines built by the harness, the demo and the serving benchmark parse with SGLang's own parser."""
 
 import argparse
+from dataclasses import replace
 
 import pytest
 from sglang.srt.plugins import load_plugins
 from sglang.srt.server_args import ServerArgs
 
+from kernels_bench.serving import __main__ as serving_bench
 from kernels_bench.serving.profiles import PROFILES
 from kernels_bench.serving.workloads import DRY_SMALL, WorkloadPlan, build_workloads
 from sglang_feather import demo
@@ -55,6 +57,34 @@ def test_paper_workloads():
     assert workloads[-1].spec.num_groups == workloads[-1].spec.num_requests
     assert [w.name for w in build_workloads(DRY_SMALL)] == ["shared-128", "no-sharing"]
     assert build_workloads(WorkloadPlan(no_sharing_len=None))[-1].name == "shared-10240"
+
+
+def test_serving_bench_workload_flags_are_the_specs():
+    base = ["--model", "m", "--profile", sorted(PROFILES)[0]]
+    args = serving_bench.parse_args(
+        [*base, "--groups", "4", "--prompts-per-group", "2", "--prefix-lens", "64,128"]
+    )
+    assert [w.name for w in args.workloads] == ["shared-64", "shared-128", "no-sharing"]
+    assert args.workloads[1].spec == replace(
+        WorkloadPlan().spec, num_groups=4, num_requests=8, prefix_len=128
+    )
+    assert args.workloads[-1].num_requests == 8
+    assert "--prefix-len" not in {s for opt in serving_bench.WORKLOAD_FLAGS.options() for s in [opt.flag()]}
+    assert serving_bench.parse_args(["--dry-small"]).workloads == build_workloads(DRY_SMALL)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--groups", "0"], "--num-groups must be a positive integer"),
+        (["--order", "interleaved"], "sends order"),
+        (["--dry-small", "--order", "contiguous"], "drop the workload flags"),
+    ],
+)
+def test_serving_bench_bad_workload_flags_are_argparse_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        serving_bench.parse_args(["--model", "m", "--profile", sorted(PROFILES)[0], *argv])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_demo_server_args_reach_every_server_and_feather_args_only_feathers(tmp_path):

@@ -3,13 +3,17 @@
 import pytest
 
 from sglang_feather import demo
+from sglang_feather.workload import SHAPE_FIELDS, SharedPrefixSpec
 
 
 def test_defaults_compare_four_policies_three_times_on_a_small_shared_prefix_workload():
     args = demo.parse_args([])
     assert args.model == "models/tiny-llama"
     assert args.policies == ["fcfs", "lpm", "dfs-weight", "feather"] and args.repeat == 3
-    assert (args.groups, args.prompts_per_group, args.system_prompt_len) == (8, 16, 512)
+    assert args.workload.spec == SharedPrefixSpec.per_group(
+        8, 16, prefix_len=512, question_len=32, output_len=32
+    )
+    assert args.workload.name == "gsp-8x16-512"
     assert args.server_args == () and args.feather_args == ()
 
 
@@ -68,6 +72,10 @@ def test_join_only_touches_the_token_after_a_flag_string_option():
         (["--policies", " , "], "names no policy"),
         (["--policies", "fcfs,feather,fcfs"], "names a policy twice"),
         (["--server-args", "--x 'unclosed"], "--server-args: No closing quotation"),
+        (["--groups", "0"], "--num-groups must be a positive integer, got 0"),
+        (["--prompts-per-group", "0"], "--prompts-per-group must be a positive integer"),
+        (["--popularity", "pareto"], "--popularity must be one of"),
+        (["--order", "interleaved"], "bench_serving sends order"),
     ],
 )
 def test_bad_arguments_are_clear_argparse_errors(argv, message, capsys):
@@ -92,3 +100,16 @@ def test_missing_default_model_names_the_make_target(tmp_path, monkeypatch):
 
 def test_explicit_device_is_kept():
     assert demo.pick_device("cpu") == "cpu" and demo.pick_device("cuda") == "cuda"
+
+
+def test_workload_flags_are_the_specs_with_the_old_spellings_kept():
+    old = demo.parse_args(["--groups", "4", "--prompts-per-group", "3", "--system-prompt-len", "64"])
+    new = demo.parse_args(["--num-groups", "4", "--prompts-per-group", "3", "--prefix-len", "64"])
+    assert old.workload == new.workload and old.workload.name == "gsp-4x3-64"
+    assert new.workload.spec == SharedPrefixSpec.per_group(
+        4, 3, prefix_len=64, question_len=32, output_len=32
+    )
+    zipf = demo.parse_args(["--popularity", "zipf", "--zipf-alpha", "1.5", "--order", "contiguous"]).workload
+    assert "--gsp-zipf-alpha" in zipf.dataset_args() and "--gsp-ordered" in zipf.dataset_args()
+    options = {opt.name for opt in demo.WORKLOAD_FLAGS.options()}
+    assert options == {*SHAPE_FIELDS, "prompts_per_group"}

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from sglang_feather.serving import Server, ServerSpec, ServerStartError
-from sglang_feather.serving.process import ProcessGroup
+from sglang_feather.serving.process import ProcessGroup, run_cli
 
 FAKE_SERVER = (
     "import os, sys, time\n"
@@ -81,3 +81,15 @@ def test_unknown_engine_or_device_is_rejected_before_launch(tmp_path):
         Server(ServerSpec("m", "fcfs", engine="nope"), log_path=tmp_path / "s.log")
     with pytest.raises(ValueError, match="unknown device"):
         Server(ServerSpec("m", "fcfs", device="tpu"), log_path=tmp_path / "s.log")
+
+
+def test_run_cli_exits_with_mains_status_and_130_on_ctrl_c(capsys):
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as done:
+        run_cli(lambda: 3)
+    assert done.value.code == 3
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(interrupted)
+    assert stopped.value.code == 130 and "every server was stopped" in capsys.readouterr().err

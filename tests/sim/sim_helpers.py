@@ -10,7 +10,7 @@ from sglang_feather.sim.profile import load_profile
 from sglang_feather.sim.run import DEFAULT_ENGINE, RunSpec, simulate
 from sglang_feather.sim.trace import SimRequest
 from sglang_feather.sim.workloads import WorkloadConfig, make_workload
-from sglang_feather.workload import Segment
+from sglang_feather.workload import Segment, SharedPrefixSpec
 
 ALL_POLICIES = ("fcfs", "lpm", "dfs-weight", "feather")
 
@@ -19,10 +19,10 @@ def h200_cost() -> PhysicsCostModel:
     return PhysicsCostModel(load_profile("h200", "llama-3-8b"))
 
 
-def small_gsp(seed: int = 0, **kw) -> list[SimRequest]:
-    base = dict(seed=seed, num_groups=3, prompts_per_group=6, prefix_len=300, question_len=20, output_len=12)
-    base.update(kw)
-    return make_workload("gsp", WorkloadConfig(**base))
+def small_gsp(seed: int = 0, num_groups: int = 3, prompts_per_group: int = 6, **knobs) -> list[SimRequest]:
+    knobs = {"prefix_len": 300, "question_len": 20, "output_len": 12, **knobs}
+    spec = SharedPrefixSpec.per_group(num_groups, prompts_per_group, seed=seed, **knobs)
+    return make_workload("gsp", WorkloadConfig(spec))
 
 
 def run(requests, cost, policy: str, config: EngineConfig = DEFAULT_ENGINE, cpu_s: float = 0.0, **admission):

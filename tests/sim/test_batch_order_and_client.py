@@ -19,6 +19,7 @@ from sglang_feather.sim.run import RunSpec
 from sglang_feather.sim.sharing import SharedNode
 from sglang_feather.sim.trace import SimRequest
 from sglang_feather.sim.workloads import WorkloadConfig, make_workload
+from sglang_feather.workload import SharedPrefixSpec
 
 
 @pytest.mark.parametrize("policy", ALL_POLICIES)
@@ -76,7 +77,8 @@ def test_max_concurrency_bounds_requests_in_flight(cost, limit):
 
 
 def test_rag_documents_follow_zipf_popularity_and_lengths():
-    cfg = WorkloadConfig(num_docs=50, doc_len_range=(300, 900), num_requests=2000, zipf_alpha=1.0, rate=20.0)
+    spec = SharedPrefixSpec(num_requests=2000, zipf_alpha=1.0, rate=20.0)
+    cfg = WorkloadConfig(spec, num_docs=50, doc_len_range=(300, 900))
     reqs = make_workload("rag", cfg)
     assert len(reqs) == 2000 and len({r.rid for r in reqs}) == 2000
     counts = np.bincount([int(r.group.removeprefix("doc")) for r in reqs], minlength=50)
@@ -88,7 +90,10 @@ def test_rag_documents_follow_zipf_popularity_and_lengths():
 
 def test_wait_by_length_bins_cover_every_request(cost):
     requests = make_workload(
-        "rag", WorkloadConfig(num_docs=10, doc_len_range=(200, 2000), num_requests=40, output_len=8)
+        "rag",
+        WorkloadConfig(
+            SharedPrefixSpec(num_requests=40, output_len=8), num_docs=10, doc_len_range=(200, 2000)
+        ),
     )
     log = run(requests, cost, "fcfs")
     bins = wait_by_length(log, num_bins=3, over_s=0.0)
@@ -120,7 +125,7 @@ def test_sweep_tables_take_per_seed_ratios():
     from sglang_feather.sim.cpu import FixedCpu
     from sglang_feather.sim.sweeps import WAIT_METRICS, Case, order_table, run_case, table
 
-    knobs = WorkloadConfig(num_groups=2, prompts_per_group=3, prefix_len=64, question_len=8, output_len=6)
+    knobs = WorkloadConfig(SharedPrefixSpec.per_group(2, 3, prefix_len=64, question_len=8, output_len=6))
     rows = []
     for order in ("admission", "prefix"):
         case = Case(f"tiny {order}", "gsp", knobs, EngineConfig(batch_order=order))

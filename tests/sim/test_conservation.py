@@ -7,6 +7,7 @@ from sim_helpers import ALL_POLICIES, run, small_gsp
 
 from sglang_feather.sim.engine import EngineConfig
 from sglang_feather.sim.workloads import WorkloadConfig, make_workload
+from sglang_feather.workload import SharedPrefixSpec
 
 
 def _check(requests, log):
@@ -46,7 +47,10 @@ def test_chat_followers_arrive_after_their_parent(cost):
     requests = make_workload(
         "chat",
         WorkloadConfig(
-            num_requests=4, num_turns=3, prefix_len=100, question_len=10, output_len=8, think_s=0.5
+            SharedPrefixSpec(
+                num_groups=1, num_requests=4, num_turns=3, prefix_len=100, question_len=10, output_len=8
+            ),
+            think_s=0.5,
         ),
     )
     log = run(requests, cost, "feather")

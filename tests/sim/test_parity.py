@@ -12,13 +12,16 @@ from sim_helpers import run
 from sglang_feather.policy import policy_names
 from sglang_feather.sim.report import summarize
 from sglang_feather.sim.workloads import WorkloadConfig, make_workload
+from sglang_feather.workload import SharedPrefixSpec
 
 RUNS = [("lpm", None), ("dfs-weight", None)] + [("feather", s) for s in policy_names()]
 
 
 @pytest.fixture(scope="module")
 def no_sharing():
-    return make_workload("none", WorkloadConfig(num_requests=60, prompt_len=700, output_len=30, seed=1))
+    return make_workload(
+        "none", WorkloadConfig(SharedPrefixSpec(num_requests=60, output_len=30, seed=1), prompt_len=700)
+    )
 
 
 @pytest.fixture(scope="module")

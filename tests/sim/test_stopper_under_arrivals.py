@@ -7,6 +7,7 @@ from sim_helpers import run
 
 from sglang_feather.sim.report import summarize
 from sglang_feather.sim.workloads import WorkloadConfig, make_workload
+from sglang_feather.workload import SharedPrefixSpec
 
 
 def _throughput(log) -> float:
@@ -22,13 +23,9 @@ def test_learning_stopper_serves_poisson_arrivals_like_fcfs(cost, stopper):
     requests = make_workload(
         "gsp",
         WorkloadConfig(
-            seed=0,
-            num_groups=16,
-            prompts_per_group=8,
-            prefix_len=2048,
-            question_len=32,
-            output_len=128,
-            rate=32,
+            SharedPrefixSpec.per_group(
+                16, 8, prefix_len=2048, question_len=32, output_len=128, rate=32, seed=0
+            )
         ),
     )
     fcfs = _throughput(run(requests, cost, "fcfs"))

@@ -9,18 +9,14 @@ from sim_helpers import run
 
 from sglang_feather.sim.trace import SimRequest, TraceError, read_jsonl, write_jsonl
 from sglang_feather.sim.workloads import WORKLOADS, WorkloadConfig, make_workload
+from sglang_feather.workload import SharedPrefixSpec
 
 SMALL = WorkloadConfig(
-    num_groups=2,
-    prompts_per_group=3,
-    prefix_len=50,
-    num_requests=5,
+    SharedPrefixSpec(num_groups=2, num_requests=5, prefix_len=50, num_turns=2, output_len=5),
     prompt_len=40,
     num_docs=2,
     doc_len_range=(60, 90),
     questions_range=(2, 3),
-    num_turns=2,
-    output_len=5,
 )
 
 
@@ -44,7 +40,7 @@ def test_explicit_token_ids_replay_like_segments(tmp_path, cost):
 
 def test_seeded_workloads_repeat_and_differ_by_seed():
     assert make_workload("gsp", SMALL) == make_workload("gsp", SMALL)
-    other = make_workload("gsp", WorkloadConfig(**{**SMALL.__dict__, "seed": 1}))
+    other = make_workload("gsp", SMALL.with_spec(seed=1))
     assert other != make_workload("gsp", SMALL)
 
 
