@@ -274,6 +274,11 @@ class WorkloadFlags:
     per_group: bool = False
     scopes: Mapping[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        unknown = set(self.names) - {opt.name for opt in FLAGS}
+        if unknown:
+            raise ValueError(f"not fields of SharedPrefixSpec: {sorted(unknown)}")
+
     def options(self) -> tuple[Option, ...]:
         own = [replace(opt, default=getattr(self.base, opt.name)) for opt in FLAGS if opt.name in self.names]
         if self.per_group:

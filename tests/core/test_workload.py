@@ -160,6 +160,8 @@ def test_flags_are_generated_from_the_fields_with_a_tools_defaults():
     )
     with pytest.raises(SystemExit):
         _flags(flags, ["--seed", "3"])
+    with pytest.raises(ValueError, match="group_size"):
+        WorkloadFlags(base, names=("group_size",))
 
 
 def test_flags_without_per_group_and_with_aliases():
