@@ -43,9 +43,10 @@ test: setup
 	FEATHER_EXPECT_VLLM=0.32.0 $(PY_VLLM) -m pytest tests/vllm $(PYTEST_ARGS)
 	FEATHER_EXPECT_VLLM=0.33.0 $(PY_VLLM033) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)
 
-# Everything but the tests that start servers; the three venvs side by side, the SGLang one on 2 workers.
+# Everything but the tests that start servers; the three venvs side by side, the SGLang one on 2 workers;
+# FEATHER_TEST_FAST=1 runs the CHT state machine with 100 sequences per core (`make test`: 300).
 test-fast: setup
-	bash scripts/parallel.sh \
+	FEATHER_TEST_FAST=1 bash scripts/parallel.sh \
 		'$(PY) -m pytest tests --ignore=tests/vllm -m "not server" -n 2 $(PYTEST_ARGS)' \
 		'FEATHER_EXPECT_VLLM=0.32.0 $(PY_VLLM) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)' \
 		'FEATHER_EXPECT_VLLM=0.33.0 $(PY_VLLM033) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)'

@@ -1,5 +1,7 @@
 """Hypothesis state machine: the Chunked Hash Tree against the brute-force reference after every operation."""
 
+import os
+
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -145,8 +147,16 @@ class TreeVsReference(RuleBasedStateMachine):
         assert self.tree.oldest() == self.ref.oldest()
 
 
+MAX_EXAMPLES = 100 if os.environ.get("FEATHER_TEST_FAST") == "1" else 300
+"""`make test` runs 300 sequences per core; `make test-fast` (FEATHER_TEST_FAST=1) 100. The deeper runs of the
+same comparison are `make test` and the seeded stress run against the same reference (`make stress`: 1M
+operations; tests/cht/test_stress.py: 30k per seed and core)."""
+
 SETTINGS = settings(
-    max_examples=300, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=MAX_EXAMPLES,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 
 
