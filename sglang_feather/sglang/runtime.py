@@ -20,8 +20,6 @@ logger = logging.getLogger(__name__)
 
 SAVE_INTERVAL_S = 30.0
 """How often a learning stopper's state is written to `--feather-state-path` while serving."""
-SELF_CHECK_INTERVAL_S = 5.0
-"""How often the mirror is reconciled with SGLang's full queues to catch a missed event (O(W + R))."""
 
 # How it works.
 #
@@ -36,9 +34,10 @@ SELF_CHECK_INTERVAL_S = 5.0
 # `match_kv_cache`, the same match `lpm` makes); when Feather has nothing more to offer the pass ends. The
 # batch launched at one step end has run by the next pass or step end (with the overlap scheduler, to within
 # one step), which reports it to the admission's reward window: a decode batch with its tokens, a batch
-# that computed prompt tokens (extend, mixed or not) as a prefill step; every SELF_CHECK_INTERVAL_S a full
-# reconcile runs and counts drift. Any exception inside Feather is logged with the request ids, counted, and
-# turns the rest of that pass into SGLang's FCFS; the tree is rebuilt from the queues at the next step end.
+# that computed prompt tokens (extend, mixed or not) as a prefill step; every `--feather-self-check-interval-s`
+# a full reconcile with the queues, the batches and the overlap loop's unprocessed batch runs and counts drift.
+# Any exception inside Feather is logged with the request ids, counted, and turns the rest of that pass into
+# SGLang's FCFS; the tree is rebuilt from the queues at the next step end.
 
 
 class FeatherRuntime:
@@ -222,7 +221,7 @@ class FeatherRuntime:
                     if self.metrics is not None and running is not None:
                         self.metrics.decode_batch(self._num_groups(running.reqs))
             now = self.clock()
-            if self._needs_rebuild or now - self._last_check >= SELF_CHECK_INTERVAL_S:
+            if self._needs_rebuild or now - self._last_check >= self.options.self_check_interval_s:
                 self._last_check = now
                 self._self_check(scheduler, plan)
             if self.tree.num_active == 0:

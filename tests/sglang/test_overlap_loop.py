@@ -16,9 +16,11 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_feather.admission import AdmissionConfig
 from sglang_feather.sglang import plugin
 from sglang_feather.sglang.options import FeatherOptions
-from sglang_feather.sglang.runtime import SELF_CHECK_INTERVAL_S
 
-OPTIONS = FeatherOptions(AdmissionConfig(chunk_size=16, defer_uncached_prefix=False, stopper="always"))
+OPTIONS = FeatherOptions(
+    AdmissionConfig(chunk_size=16, defer_uncached_prefix=False, stopper="always"), self_check_interval_s=0.0
+)
+"""Every step end reconciles the CHT with the full picture (`--feather-self-check-interval-s 0`)."""
 TOKEN = 7
 
 
@@ -31,8 +33,7 @@ class OverlapScheduler:
     one retracted back to the queue through `_add_request_to_queue`, as `update_running_batch` does), Feather's
     step-end hook, the launch (a `batch.copy()` into `result_queue`), then the previous batch's result: one token
     per request and SGLang's `Req.update_finish_state`, a finished request reported through the
-    `release_kv_cache` hook. No model runs (CPU): a result is one fixed token per request. The clock moves past
-    the self-check interval every turn, so every step end reconciles the CHT with the full picture.
+    `release_kv_cache` hook. No model runs (CPU): a result is one fixed token per request.
     """
 
     enable_skip_finishing_decode = True
@@ -41,8 +42,7 @@ class OverlapScheduler:
     def __init__(self) -> None:
         self.allocator = make_allocator(1 << 20)
         self.cache = make_cache(self.allocator)
-        self.clock = FakeClock()
-        self.policy = feather_policy(self.cache, OPTIONS, self.clock)
+        self.policy = feather_policy(self.cache, OPTIONS, FakeClock())
         self.waiting_queue: list = []
         self.running_batch = batch()
         self.chunked_req = None
@@ -76,7 +76,6 @@ class OverlapScheduler:
 
     def iteration(self) -> None:
         plan = self._get_next_batch_to_run()
-        self.clock.now += SELF_CHECK_INTERVAL_S
         plugin._after_get_next_batch_to_run(plan, self, self.running_batch, self.last_batch)
         self.running_batch = plan.running_batch
         launched = plan.batch_to_run
