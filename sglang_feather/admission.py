@@ -48,7 +48,11 @@ logger = logging.getLogger(__name__)
 # still computing that prefix (a prefill in flight, possibly split by chunked prefill), so admitting the
 # candidate now would compute it twice. It is suspended in the CHT for the rest of the pass and the pass goes
 # on with the next candidate; `end_pass()` puts it back. An aged request is never deferred, and nothing is
-# deferred when no running request shares it. For any other candidate the stopper sees an `Observation`
+# deferred when no running request shares it. Asking the engine's cache costs a prefix match per candidate, and
+# a cold group's followers are skipped one after another, so the answer is reused within the pass: a request
+# whose cache hit stops at C tokens inside its chunk d (not its last chunk) tells that every request sharing
+# its first d chunks hits exactly C too (same tokens up to the uncached page, and more prompt after it), until
+# the next admission may change the cache (`_CacheFrontier`). For any other candidate the stopper sees an `Observation`
 # (batch size, shared-prefix depth before/after, w, queue length, wait) and says ADD or STOP; the engine
 # `accept`s (the request's chunks enter the working set), `decline`s (STOP ends the pass) or `withdraw`s
 # (its own budget refused; nothing is learned). Reward window: the first stopper decision of a pass closes
@@ -59,6 +63,22 @@ logger = logging.getLogger(__name__)
 # avoid (the stopped request waits and is prefilled in a later pass), so charging it to the window that
 # admitted it would make every ADD look slower than a STOP whose window is a bare decode step. Lifecycle
 # events (`finish`, `abort`, `retract`, `requeue`) keep the CHT equal to the engine's queues.
+
+
+@dataclass(frozen=True)
+class _CacheFrontier:
+    """Where the engine's cache hit of a waiting request ends: `num_cached` tokens, inside its chunk `depth`.
+
+    Valid for every request that shares the first `depth` chunks, while the cache is unchanged: their tokens
+    agree up to `depth` full chunks, the uncached page at `num_cached` lies inside them (the frontier is only
+    kept when it does), and each has prompt left after them, so an engine that never matches a whole prompt
+    still matches up to `num_cached`. An engine that also caps the match per request (SGLang with input
+    logprobs from a start position) may see a different hit for such a request; the deferral is a one-pass
+    hint, so the cost of that is at most one pass of waiting or one prefix computed twice."""
+
+    request_id: RequestId
+    depth: int
+    num_cached: int
 
 
 DEFAULT_STOPPER = "ucb"
@@ -219,6 +239,7 @@ class Admission:
         self._records: list[DecisionRecord] = []
         self._pass_admitted: list[RequestId] = []
         self._skipped: list[RequestId] = []
+        self._frontiers: list[_CacheFrontier] = []
         self._defer_uncached_prefix = defer_uncached_prefix
         self._page_size = page_size
         self._state_tag = dict(state_tag or {})
@@ -311,6 +332,7 @@ class Admission:
         self._arrivals.clear()
         self._skipped.clear()
         self._pass_admitted.clear()
+        self._frontiers.clear()
 
     def wait_s(self, request_id: RequestId) -> float:
         return self.clock() - self._arrivals[request_id]
@@ -322,12 +344,14 @@ class Admission:
         self._resume_skipped()
         self.stopper.begin_pass()
         self._pass_admitted.clear()
+        self._frontiers.clear()
         self._decided_this_pass = False
 
     def end_pass(self) -> None:
         """The pass is over: requests skipped in it compete again."""
         self._resume_skipped()
         self._pass_admitted.clear()
+        self._frontiers.clear()
 
     def propose(
         self,
@@ -405,7 +429,20 @@ class Admission:
             return self._shares_only_this_pass(candidate, covered)
         page = self._page_size
         shared = covered * self.tree.chunk_size
-        return shared - shared % page > cached_tokens(candidate.request_id) // page * page
+        return shared - shared % page > self._cached_tokens(candidate, cached_tokens) // page * page
+
+    def _cached_tokens(self, candidate: Candidate, cached_tokens: Callable[[RequestId], int]) -> int:
+        """`cached_tokens(candidate)`, answered from this pass's frontiers when the candidate shares one."""
+        rid, tree = candidate.request_id, self.tree
+        for frontier in self._frontiers:
+            if frontier.request_id in tree and tree.shares_prefix(rid, frontier.request_id, frontier.depth):
+                return frontier.num_cached
+        num_cached = cached_tokens(rid)
+        chunk_size = tree.chunk_size
+        depth = num_cached // chunk_size + 1
+        if depth < candidate.num_chunks and num_cached + self._page_size <= depth * chunk_size:
+            self._frontiers.append(_CacheFrontier(rid, depth, num_cached))
+        return num_cached
 
     def _shares_only_this_pass(self, candidate: Candidate, covered: int) -> bool:
         """Without a view of the cache: the shared chunks are held only by requests admitted in this pass."""
@@ -438,6 +475,7 @@ class Admission:
         """The engine admitted the proposed request."""
         self.tree.activate(proposal.request_id)
         self._pass_admitted.append(proposal.request_id)
+        self._frontiers.clear()
         self.stats.num_admitted += 1
         self.stats.sum_delta += proposal.candidate.delta
         if proposal.is_aged:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -23,13 +23,13 @@ from sglang_feather.cht.tree import Candidate
 from sglang_feather.types import ChunkHash, RequestId
 
 # How it works. The C++ core numbers requests with u32 handles (reused after a request leaves). `NativeTree`
-# subclasses the compiled `Core`, so the per-step calls (best, activate, finish, deactivate, remove, suspend,
-# resume, candidate) are the core's own methods, with no Python frame: the core holds this wrapper's request
-# id -> handle dict and handle -> request id list, builds the `Candidate`, keeps the one-slot `best()` cache
-# and raises the same exceptions as the Python core (every check happens before the first mutation there
-# too). Inserts and queries go through the Python methods below, which map ids to handles. Token buffers
-# (numpy, array.array) go to the core without a copy; other sequences are packed and validated by
-# `token_bytes` first, exactly as the Python core does.
+# subclasses the compiled `Core`, so every mutation (insert, insert_hashes, best, activate, finish,
+# deactivate, remove, suspend, resume) and `candidate` are the core's own methods, with no Python frame: the
+# core holds this wrapper's request id -> handle dict and handle -> request id list, builds the `Candidate`,
+# keeps the one-slot `best()` cache and raises the same exceptions as the Python core (every check happens
+# before the first mutation there too). Token buffers (numpy, array.array) are hashed in place, with no copy;
+# other sequences are packed and validated by `token_bytes` first, exactly as the Python core does. Queries
+# go through the Python methods below, which map ids to handles.
 
 _STATES = (None, RequestState.WAITING, RequestState.ACTIVE)
 _BUFFERS = (np.ndarray, array)
@@ -46,6 +46,16 @@ class NativeTree(_core.Core):
         self._handles: dict[RequestId, int] = {}
         self._ids: list[RequestId] = []
         self._bind(self._handles, self._ids, Candidate, UnknownRequest, InvalidTransition)
+        self._bind_insert(
+            _BUFFERS,
+            token_bytes,
+            namespace_seed,
+            DuplicateRequest,
+            EmptyPrompt,
+            InvalidTokens,
+            HashChainError,
+            InvalidArrival,
+        )
 
     # ----------------------------------------------------------------- queries
 
@@ -98,37 +108,7 @@ class NativeTree(_core.Core):
         ids = self._ids
         return [ids[h] for h in self._prefix_order(handles)]
 
-    # ----------------------------------------------------------------- mutations
-
-    def insert(
-        self,
-        request_id: RequestId,
-        token_ids: Sequence[int] | array | np.ndarray,
-        *,
-        namespace: str | None = None,
-        arrival: float | None = None,
-    ) -> int:
-        if request_id in self._handles:
-            raise DuplicateRequest(f"request {request_id!r} is already in the tree")
-        if not isinstance(token_ids, _BUFFERS):
-            token_ids = memoryview(token_bytes(token_ids)).cast("I")
-        seed = namespace_seed(namespace) if namespace is not None else 0
-        if arrival is None:
-            code = self._insert_tokens(token_ids, self.chunk_size, seed, 0.0, False)
-        else:
-            code = self._insert_tokens(token_ids, self.chunk_size, seed, float(arrival), True)
-        return self._added(request_id, code)
-
-    def insert_hashes(
-        self, request_id: RequestId, hashes: Sequence[ChunkHash], *, arrival: float | None = None
-    ) -> int:
-        if request_id in self._handles:
-            raise DuplicateRequest(f"request {request_id!r} is already in the tree")
-        if arrival is None:
-            code = self._insert_hashes(hashes, 0.0, False)
-        else:
-            code = self._insert_hashes(hashes, float(arrival), True)
-        return self._added(request_id, code)
+    # ----------------------------------------------------------------- invariants
 
     def check_invariants(self) -> None:
         """The core's own recount (core.cpp `check`) plus the id mapping kept here."""
@@ -150,31 +130,3 @@ class NativeTree(_core.Core):
             return self._handles[request_id]
         except KeyError:
             raise UnknownRequest(f"request {request_id!r} is not in the tree") from None
-
-    def _added(self, request_id: RequestId, code: int) -> int:
-        if code < 0:
-            raise _INSERT_ERRORS[code](request_id)
-        handle = code & 0xFFFFFFFF
-        ids = self._ids
-        if handle == len(ids):
-            ids.append(request_id)
-        else:
-            ids[handle] = request_id
-        self._handles[request_id] = handle
-        return code >> 32
-
-
-_INSERT_ERRORS = {
-    _core.EMPTY: lambda rid: EmptyPrompt(f"request {rid!r} has no chunks"),
-    _core.INVALID_TOKENS: lambda rid: InvalidTokens(
-        f"request {rid!r}: token ids must be a 1-D integer sequence in [0, 2**32)"
-    ),
-    _core.HASH_CHAIN: lambda rid: HashChainError(
-        f"request {rid!r}: a hash repeats, skips a level or sits under another prefix: hashes are not "
-        "cumulative or two prefixes collide"
-    ),
-    _core.BAD_HASH: lambda rid: HashChainError(
-        f"request {rid!r}: chunk hashes must be integers in [0, 2**64)"
-    ),
-    _core.BAD_ARRIVAL: lambda rid: InvalidArrival(f"request {rid!r} has arrival NaN"),
-}

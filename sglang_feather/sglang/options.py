@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -27,6 +28,23 @@ _ATTR = "_feather_options"
 """Bookkeeping attribute on SGLang's `ServerArgs`: not a config field, but pickled to the scheduler process."""
 
 
+SELF_CHECK_INTERVAL_S = 5.0
+"""How often, by default, the CHT is reconciled with SGLang's full queues to catch a missed event (O(W + R))."""
+
+
+def _parse_seconds(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"not a number of seconds: {text!r}") from None
+
+
+def _non_negative_seconds(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return f"must be a finite number of seconds >= 0, got {value!r}"
+    return None
+
+
 class FeatherOptionsError(ValueError):
     """A `--feather-*` option is invalid; raised while the server starts, before any model is loaded."""
 
@@ -43,6 +61,14 @@ class FeatherOptions:
         "sharing a prefix are contiguous, in Chunked-Hash-Tree order; 'admission' keeps SGLang's order",
         parse=str,
         choices=lambda: tuple(BATCH_ORDERS),
+    )
+    self_check_interval_s: float = option(
+        SELF_CHECK_INTERVAL_S,
+        metavar="SECONDS",
+        help="How often the Chunked Hash Tree is reconciled with SGLang's full queues; each correction counts "
+        "in sglang:feather_drift_total (a missed scheduler event). 0 checks at every scheduler step (tests)",
+        parse=_parse_seconds,
+        check=_non_negative_seconds,
     )
 
     def __post_init__(self) -> None:

@@ -141,6 +141,12 @@ def _after_release_aborted_request(_result: None, scheduler: Any, req: Any) -> N
     on_aborted(scheduler, req)
 
 
+def _after_send_abort_output(_result: None, scheduler: Any, _abort_req: Any, req: Any) -> None:
+    from sglang_feather.sglang.scheduler_hooks import on_aborted
+
+    on_aborted(scheduler, req)
+
+
 def _after_release_kv_cache(_result: None, req: Any, tree_cache: Any, *_args: Any, **_kwargs: Any) -> None:
     from sglang_feather.sglang.scheduler_hooks import on_kv_released
 
@@ -164,6 +170,7 @@ HOOKS = {
     ),
     f"{SCHEDULER}._add_request_to_queue": (_after_add_request_to_queue, ("self", "req", "is_retracted")),
     f"{SCHEDULER}._release_aborted_request": (_after_release_aborted_request, ("self", "req")),
+    f"{SCHEDULER}.send_abort_output": (_after_send_abort_output, ("self", "abort_req", "req")),
     "sglang.srt.mem_cache.common.release_kv_cache": (_after_release_kv_cache, ("req", "tree_cache")),
     f"{SCHEDULE_BATCH}.merge_batch": (_after_merge_batch, ("self", "other")),
 }

@@ -20,8 +20,6 @@ logger = logging.getLogger(__name__)
 
 SAVE_INTERVAL_S = 30.0
 """How often a learning stopper's state is written to `--feather-state-path` while serving."""
-SELF_CHECK_INTERVAL_S = 5.0
-"""How often the mirror is reconciled with SGLang's full queues to catch a missed event (O(W + R))."""
 
 # How it works.
 #
@@ -36,9 +34,10 @@ SELF_CHECK_INTERVAL_S = 5.0
 # `match_kv_cache`, the same match `lpm` makes); when Feather has nothing more to offer the pass ends. The
 # batch launched at one step end has run by the next pass or step end (with the overlap scheduler, to within
 # one step), which reports it to the admission's reward window: a decode batch with its tokens, a batch
-# that computed prompt tokens (extend, mixed or not) as a prefill step; every SELF_CHECK_INTERVAL_S a full
-# reconcile runs and counts drift. Any exception inside Feather is logged with the request ids, counted, and
-# turns the rest of that pass into SGLang's FCFS; the tree is rebuilt from the queues at the next step end.
+# that computed prompt tokens (extend, mixed or not) as a prefill step; every `--feather-self-check-interval-s`
+# a full reconcile with the queues, the batches and the overlap loop's unprocessed batch runs and counts drift.
+# Any exception inside Feather is logged with the request ids, counted, and turns the rest of that pass into
+# SGLang's FCFS; the tree is rebuilt from the queues at the next step end.
 
 
 class FeatherRuntime:
@@ -222,7 +221,7 @@ class FeatherRuntime:
                     if self.metrics is not None and running is not None:
                         self.metrics.decode_batch(self._num_groups(running.reqs))
             now = self.clock()
-            if self._needs_rebuild or now - self._last_check >= SELF_CHECK_INTERVAL_S:
+            if self._needs_rebuild or now - self._last_check >= self.options.self_check_interval_s:
                 self._last_check = now
                 self._self_check(scheduler, plan)
             if self.tree.num_active == 0:
@@ -315,7 +314,15 @@ def runtime_for_cache(tree_cache: Any) -> FeatherRuntime | None:
 
 def full_picture(scheduler: Any, plan: Any) -> tuple[list[Any], list[Any]]:
     """SGLang's waiting requests and every request holding a batch slot after `get_next_batch_to_run`: the
-    running batch, the batch about to run, the decode requests folded into a mixed batch, the chunked one."""
+    running batch, the batch about to run, the decode requests folded into a mixed batch, the chunked one, and
+    the requests of a launched batch whose result the overlap loop has not processed yet.
+
+    The last group matters: the overlap loop runs `get_next_batch_to_run` before it processes the previous
+    batch's result, and with `enable_skip_finishing_decode` SGLang already drops from the running batch the
+    requests that result will finish by length (`Scheduler._reqs_finishing_inflight`). Until the result is
+    processed (and `release_kv_cache` reports them) they are in no queue but still live. A launched request
+    that waits again or was released by retraction (`is_retracted`) is not in flight."""
+    waiting = list(scheduler.waiting_queue)
     running, batch = plan.running_batch, plan.batch_to_run
     active = list(running.reqs) if running is not None else []
     if batch is not None:
@@ -327,4 +334,11 @@ def full_picture(scheduler: Any, plan: Any) -> tuple[list[Any], list[Any]]:
     chunked = getattr(scheduler, "chunked_req", None)
     if chunked is not None:
         active.append(chunked)
-    return list(scheduler.waiting_queue), active
+    waiting_ids = {req.rid for req in waiting}
+    for launched, _result in getattr(scheduler, "result_queue", ()):
+        active.extend(
+            req
+            for req in launched.reqs
+            if not req.finished() and not req.is_retracted and req.rid not in waiting_ids
+        )
+    return waiting, active

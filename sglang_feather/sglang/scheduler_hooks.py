@@ -67,7 +67,11 @@ def on_queued(scheduler: Any, req: Any) -> None:
 
 
 def on_aborted(scheduler: Any, req: Any) -> None:
-    """After `Scheduler._release_aborted_request`: `req` will never run."""
+    """After `Scheduler._release_aborted_request` and `Scheduler.send_abort_output`: `req` is gone for good.
+
+    `send_abort_output` is the one call every abort outside the output stream makes, among them
+    `retract_decode`'s (a request out of KV even alone, or a beam group): its KV was released while it was
+    not yet finished, so `release_kv_cache` did not report it. Reporting a request twice changes nothing."""
     runtime = _runtime(scheduler)
     if runtime is not None:
         runtime.on_left(req)

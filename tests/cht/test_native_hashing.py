@@ -5,7 +5,7 @@ from array import array
 import numpy as np
 import pytest
 
-from sglang_feather.cht import chunk_hashes, namespace_seed
+from sglang_feather.cht import InvalidTokens, chunk_hashes, namespace_seed
 
 
 @pytest.fixture
@@ -37,3 +37,42 @@ def test_tree_insert_uses_the_same_digests(native_cls):
     tokens = np.arange(5000, dtype=np.int64)
     tree.insert("a", tokens, namespace="ns")
     assert tree.path_hashes("a") == tuple(chunk_hashes(tokens, 64, "ns"))
+
+
+DTYPES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_tokens", [1, 9, 63, 64, 65, 1001])
+def test_every_integer_width_is_read_in_place(core, dtype, num_tokens):
+    info = np.iinfo(dtype)
+    high = min(int(info.max), 2**32 - 1)
+    tokens = np.random.default_rng(num_tokens).integers(0, high, size=num_tokens, endpoint=True).astype(dtype)
+    expected = chunk_hashes(tokens.astype(np.int64), 7)
+    assert core.chunk_hashes(tokens, 7, 0) == expected
+    assert core.chunk_hashes(tokens[::-1], 7, 0) == chunk_hashes(tokens[::-1].astype(np.int64), 7)
+    assert core.chunk_hashes(np.repeat(tokens, 2)[::2], 7, 0) == expected
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64"])
+@pytest.mark.parametrize("at", [0, 5, 8, 62, 63, 64])
+def test_a_negative_id_anywhere_is_refused(native_cls, dtype, at):
+    tree = native_cls(chunk_size=8)
+    tokens = np.arange(65, dtype=dtype) % 100
+    tokens[at] = -1
+    with pytest.raises(InvalidTokens):
+        tree.insert("a", tokens)
+    with pytest.raises(InvalidTokens):
+        tree.insert("a", np.repeat(tokens, 2)[::2])
+    assert len(tree) == 0 and tree.num_nodes == 0
+
+
+@pytest.mark.parametrize("at", [0, 7, 64])
+def test_an_id_at_or_above_2_32_is_refused(native_cls, at):
+    tree = native_cls(chunk_size=8)
+    tokens = np.arange(65, dtype=np.uint64)
+    tokens[at] = 2**32
+    with pytest.raises(InvalidTokens):
+        tree.insert("a", tokens)
+    tokens[at] = 2**32 - 1
+    assert tree.insert("a", tokens) == 9

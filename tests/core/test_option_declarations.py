@@ -144,12 +144,16 @@ def test_malformed_text_is_an_argparse_error_naming_the_flag(name, capsys):
         assert f"argument {flag(name)}: " in capsys.readouterr().err
 
 
-def test_sglangs_own_option_is_declared_the_same_way():
-    (order,) = declared(sglang_options.FeatherOptions)
-    assert order.name == "batch_order" and order.flag() in {o.flag() for o in sglang_options.FLAGS}
+def test_sglangs_own_options_are_declared_the_same_way():
+    own = declared(sglang_options.FeatherOptions)
+    assert [o.name for o in own] == ["batch_order", "self_check_interval_s"]
+    assert {o.flag() for o in own} <= {o.flag() for o in sglang_options.FLAGS}
     assert _sglang(["--feather-batch-order", "prefix"]).batch_order == "prefix"
     with pytest.raises(sglang_options.FeatherOptionsError, match=r"^--feather-batch-order must be one of"):
         _sglang(["--feather-batch-order", "dfs"])
+    assert _sglang(["--feather-self-check-interval-s", "0"]).self_check_interval_s == 0.0
+    with pytest.raises(sglang_options.FeatherOptionsError, match=r"^--feather-self-check-interval-s must be"):
+        _sglang(["--feather-self-check-interval-s", "-1"])
 
 
 def test_vllm_refuses_an_option_it_sets_itself_and_says_why():

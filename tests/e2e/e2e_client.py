@@ -3,13 +3,23 @@
 import asyncio
 import json
 import random
+import time
 import urllib.request
 from collections.abc import Sequence
 
 import aiohttp
 
+from sglang_feather.serving.metrics import MetricsSnapshot, scrape
 from sglang_feather.vllm.workload import FIRST_TOKEN_ID, TINY_VOCAB_SIZE
 from sglang_feather.workload import SharedPrefixSpec
+
+DRIFT = "sglang:feather_drift_total"
+"""Requests Feather's self-check found out of step with SGLang (a scheduler event it missed)."""
+CHT_REQUESTS = "sglang:feather_tracked_requests"
+"""Gauge of requests Feather's CHT tracks (waiting + active), labelled by `state`; 0 when idle."""
+FEATHER_CHECKS_EVERY_STEP = ("--feather-self-check-interval-s", "0")
+"""Reconcile the CHT with SGLang's full picture at every scheduler step, so any drift shows in DRIFT."""
+BUSY = ("sglang:num_running_reqs", "sglang:num_queue_reqs", CHT_REQUESTS)
 
 
 def shared_prefix_prompts(
@@ -68,10 +78,17 @@ def client_session(timeout_s: float = 300.0) -> aiohttp.ClientSession:
 
 
 async def stream_until_told(
-    session: aiohttp.ClientSession, base_url: str, payload: dict, leave: asyncio.Event, *, abort: bool
+    session: aiohttp.ClientSession,
+    base_url: str,
+    payload: dict,
+    leave: asyncio.Event,
+    *,
+    abort: bool,
+    decoding: asyncio.Event | None = None,
 ) -> int:
     """Stream (counting chunks) until `leave` is set, then POST /abort_request (abort=True) or drop the
-    connection; returns the number of chunks that arrived before leaving."""
+    connection; returns the number of chunks that arrived before leaving. `decoding` is set once a second
+    chunk arrived (the request is past its prefill and decoding)."""
     seen = 0
 
     async def consume(response: aiohttp.ClientResponse) -> None:
@@ -79,6 +96,8 @@ async def stream_until_told(
         async for line in response.content:
             if line.startswith(b"data:") and b"[DONE]" not in line:
                 seen += 1
+                if seen >= 2 and decoding is not None:
+                    decoding.set()
 
     async with session.post(base_url + "/generate", json={**payload, "stream": True}) as response:
         if response.status != 200:
@@ -99,3 +118,20 @@ def post_json(base_url: str, path: str, body: dict, timeout_s: float = 60.0) -> 
     )
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
         return response.read().decode()
+
+
+def wait_drained(base_url: str, timeout_s: float = 90.0) -> MetricsSnapshot:
+    """Poll /metrics until nothing is running, nothing queued and nothing left in Feather's tree.
+
+    SGLang publishes its running and queue gauges at prefill reports, every 40th decode step and when it goes
+    idle, so one of them can read 0 while requests still run; Feather's gauge is set at the end of every
+    scheduler step. Waiting for all three to read 0 together does not trust a stale one."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        snapshot = scrape(base_url)
+        left = {name: snapshot.total(name) or 0 for name in BUSY}
+        if not any(left.values()):
+            return snapshot
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{base_url} still holds requests after {timeout_s:.0f} s: {left}")
+        time.sleep(0.5)

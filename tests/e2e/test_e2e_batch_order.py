@@ -2,11 +2,17 @@
 
 import asyncio
 import random
-import time
 
 import pytest
 from conftest import serving
-from e2e_client import client_session, greedy_payload, shared_prefix_prompts
+from e2e_client import (
+    DRIFT,
+    FEATHER_CHECKS_EVERY_STEP,
+    client_session,
+    greedy_payload,
+    shared_prefix_prompts,
+    wait_drained,
+)
 
 from sglang_feather.serving.metrics import scrape
 
@@ -28,26 +34,12 @@ decode ever ran out of room, so the retraction count below would have stayed 0."
 REORDERS = "sglang:feather_batch_reorders_total"
 ORDER_SECONDS = "sglang:feather_batch_order_seconds_count"
 RETRACTED = "sglang:num_retracted_requests_total"
-BUSY = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:feather_tracked_requests")
-
-
-def wait_drained(base_url: str, timeout_s: float = 60.0) -> None:
-    """Nothing running, nothing queued, nothing left in Feather's tree: every request finished or aborted."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        snapshot = scrape(base_url)
-        left = {name: snapshot.total(name) or 0 for name in BUSY}
-        if not any(left.values()):
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{base_url} still holds requests after {timeout_s:.0f} s: {left}")
-        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
 def admission_and_prefix(tmp_path_factory, tiny_model):
     orders = [
-        ("feather", ("--feather-batch-order", order, *RUNNING_CAP, *FLOAT32))
+        ("feather", ("--feather-batch-order", order, *RUNNING_CAP, *FLOAT32, *FEATHER_CHECKS_EVERY_STEP))
         for order in ("admission", "prefix")
     ]
     with pytest.MonkeyPatch.context() as env:
@@ -128,6 +120,9 @@ def test_greedy_outputs_are_identical_with_and_without_reordering(admission_and_
     for server in (admission, prefix):
         assert (delta[server].total(RETRACTED) or 0) > 0, (
             f"{server.spec.extra_args}: no request was retracted"
+        )
+        assert delta[server].total(DRIFT) == 0, (
+            f"{server.spec.extra_args}: a retraction, abort or finish reached Feather's tree through no event"
         )
     assert (delta[prefix].total(REORDERS) or 0) > 0, "prefix order never permuted the running batch"
     assert (delta[prefix].total(ORDER_SECONDS) or 0) >= delta[prefix].total(REORDERS)

@@ -7,12 +7,16 @@ from collections import Counter
 import pytest
 from conftest import serving
 from e2e_client import (
+    CHT_REQUESTS,
+    DRIFT,
+    FEATHER_CHECKS_EVERY_STEP,
     client_session,
     generate_all,
     greedy_payload,
     post_json,
     shared_prefix_prompts,
     stream_until_told,
+    wait_drained,
 )
 
 from sglang_feather.serving.metrics import MetricsSnapshot, scrape
@@ -20,30 +24,13 @@ from sglang_feather.serving.metrics import MetricsSnapshot, scrape
 POLICY = "feather"
 MAX_RUNNING = 48
 ADMISSIONS = "sglang:feather_admissions_total"
-CHT_REQUESTS = "sglang:feather_tracked_requests"
-"""Gauge of requests Feather's CHT tracks (waiting + active), labelled by `state`; 0 when idle."""
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_model):
-    args = ("--max-running-requests", str(MAX_RUNNING))
+    args = ("--max-running-requests", str(MAX_RUNNING), *FEATHER_CHECKS_EVERY_STEP)
     with serving(tmp_path_factory.mktemp("feather-server"), tiny_model, [(POLICY, args)]) as (server,):
         yield server
-
-
-def wait_idle(base_url: str, timeout_s: float = 90.0) -> MetricsSnapshot:
-    """Poll /metrics until SGLang reports no running and no queued request."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        snapshot = scrape(base_url)
-        busy = (snapshot.total("sglang:num_running_reqs") or 0) + (
-            snapshot.total("sglang:num_queue_reqs") or 0
-        )
-        if busy == 0:
-            return snapshot
-        if time.monotonic() > deadline:
-            raise AssertionError(f"server still busy after {timeout_s:.0f} s: {busy:.0f} requests")
-        time.sleep(0.5)
 
 
 def test_completes_500_concurrent_shared_prefix_requests(server):
@@ -61,9 +48,13 @@ def test_completes_500_concurrent_shared_prefix_requests(server):
     assert all(len(r["output_ids"]) == 2 for r in responses)
     reused = sum(r["meta_info"]["cached_tokens"] for r in responses[10:])
     assert reused >= 0.8 * len(rest) * 64, f"shared prefixes were not reused: {reused} cached tokens"
-    admitted = scrape(server.base_url).minus(before).total(ADMISSIONS)
+    delta = wait_drained(server.base_url).minus(before)
+    admitted = delta.total(ADMISSIONS)
     assert admitted is not None, f"{ADMISSIONS} missing: the server did not schedule with Feather"
     assert admitted >= 500
+    # The overlap loop drops requests its in-flight batch finishes by length from the running batch before
+    # their result is processed; the self-check (at every step here) must not count them as missed events.
+    assert delta.total(DRIFT) == 0, "the CHT and SGLang disagreed at a step end: a missed or misread event"
 
 
 def wait_for_tracking(base_url: str, num_requests: int, timeout_s: float = 120.0) -> MetricsSnapshot:
@@ -81,16 +72,23 @@ def wait_for_tracking(base_url: str, num_requests: int, timeout_s: float = 120.0
 
 
 async def abort_all_mid_way(base_url: str, streams: list[dict]) -> tuple[list[int], MetricsSnapshot]:
-    """Every request streams until the CHT tracks them all; then even-numbered ones drop the connection and
-    odd-numbered ones are cancelled with /abort_request, whether running or still waiting."""
+    """Every request streams until the CHT tracks them all and one of them is decoding; then even-numbered ones
+    drop the connection and odd-numbered ones are cancelled with /abort_request, whether running or waiting."""
     async with client_session() as session:
-        leave = asyncio.Event()
+        leave, decoding = asyncio.Event(), asyncio.Event()
         tasks = [
-            asyncio.create_task(stream_until_told(session, base_url, p, leave, abort=bool(i % 2)))
+            asyncio.create_task(
+                stream_until_told(session, base_url, p, leave, abort=bool(i % 2), decoding=decoding)
+            )
             for i, p in enumerate(streams)
         ]
         mid_way = await asyncio.to_thread(wait_for_tracking, base_url, len(streams))
-        await asyncio.sleep(1.0)
+        try:
+            await asyncio.wait_for(decoding.wait(), timeout=120.0)
+        except TimeoutError:
+            raise AssertionError(
+                "no stream reached its second chunk in 120 s: nothing to abort mid-stream"
+            ) from None
         leave.set()
         seen = await asyncio.gather(*tasks)
     return seen, mid_way
@@ -103,12 +101,15 @@ def test_aborted_requests_leave_the_cht_empty(server):
     streams = [greedy_payload(p, max_new_tokens=2000, rid=f"abort-{i:04d}") for i, p in enumerate(prompts)]
     assert len(streams) == num_streams
 
+    before = scrape(server.base_url)
     chunks_seen, mid_way = asyncio.run(abort_all_mid_way(server.base_url, streams))
-    idle = wait_idle(server.base_url)
+    drained = wait_drained(server.base_url)
 
     assert mid_way.total(CHT_REQUESTS, state="waiting") >= num_streams - MAX_RUNNING
-    assert sum(seen >= 2 for seen in chunks_seen) >= 1, "no request was aborted mid-stream"
-    tracked = idle.total(CHT_REQUESTS)
-    assert tracked == 0, f"Feather's CHT still tracks {tracked:.0f} requests after every request was aborted"
+    assert min(chunks_seen) <= 1, "every stream was decoding: no request was cancelled while still waiting"
+    # The CHT drained; the self-check runs at every step, so a request that left without an event would have
+    # been dropped by it and counted here.
+    drift = drained.minus(before).total(DRIFT)
+    assert drift == 0, f"{drift:.0f} aborted requests left Feather's CHT through no scheduler event"
     follow_up = post_json(server.base_url, "/generate", greedy_payload(prompts[0], max_new_tokens=2))
     assert '"output_ids"' in follow_up

@@ -253,6 +253,7 @@ def test_random_event_sequences_never_leak():
         elif event < 0.8 and sched.chunked_req is not None:
             sched.running.reqs.append(sched.chunked_req)
             sched.chunked_req = None
+        sched.policy.feather.clock.now += 10.0  # every step end runs the full self-check
         sched.step(decode=step % 2 == 0)
         sched.assert_mirrors()
     stats = sched.policy.feather.admission.stats

@@ -55,6 +55,7 @@ def test_flags_reach_the_scheduler_process_with_server_args(parser, tmp_path):
         f"--feather-state-path={tmp_path / 'state.json'}",
         "--feather-max-wait-s=none",
         "--feather-seed=5",
+        "--feather-self-check-interval-s=0",
     ]
     server_args = _server_args(parser, argv)
     expected = FeatherOptions(
@@ -65,7 +66,8 @@ def test_flags_reach_the_scheduler_process_with_server_args(parser, tmp_path):
             state_path=str(tmp_path / "state.json"),
             max_wait_s=None,
             seed=5,
-        )
+        ),
+        self_check_interval_s=0.0,
     )
     assert options_of(server_args) == expected
     assert options_of(pickle.loads(pickle.dumps(server_args))) == expected
@@ -95,6 +97,8 @@ def test_defaults(parser):
         (["--feather-max-wait-s", "-3"], "--feather-max-wait-s must be"),
         (["--feather-state-path", "/nonexistent-dir/x/state.json"], "--feather-state-path .* does not exist"),
         (["--feather-batch-order", "dfs"], "--feather-batch-order must be one of"),
+        (["--feather-self-check-interval-s", "-1"], "--feather-self-check-interval-s must be .* >= 0"),
+        (["--feather-self-check-interval-s", "inf"], "--feather-self-check-interval-s must be a finite"),
     ],
 )
 def test_bad_values_raise_a_clear_error(parser, argv, message):
@@ -109,6 +113,7 @@ def test_bad_values_raise_a_clear_error(parser, argv, message):
         (["--feather-stopper-options", "{oops"], "argument --feather-stopper-options: not valid JSON"),
         (["--feather-stopper-options", "[1]"], "must be a JSON object"),
         (["--feather-max-wait-s", "soon"], "not a number of seconds"),
+        (["--feather-self-check-interval-s", "often"], "not a number of seconds: 'often'"),
     ],
 )
 def test_malformed_values_are_argparse_errors(parser, argv, message, capsys):

@@ -90,8 +90,8 @@ def test_patch_set_touches_only_five_files_and_calls_into_sglang_feather():
         for line in patch.read_text().splitlines()
         if line.startswith("+") and not line.startswith("+++")
     ]
-    assert len(added) < 50, "the patch set should stay a thin set of calls into sglang_feather"
-    assert sum("sglang_feather" in line for line in added) >= 9
+    assert len(added) < 60, "the patch set should stay a thin set of calls into sglang_feather"
+    assert sum("sglang_feather" in line for line in added) >= 10
 
 
 def _feather_imports(tree: ast.AST, *, guarded: bool) -> set[str]:

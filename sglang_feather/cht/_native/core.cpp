@@ -25,6 +25,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -84,83 +85,158 @@ inline uint64_t merge64(uint64_t acc, uint64_t v) {
     return acc * P1 + P4;
 }
 
-// Digests of every prefix [0, b) for b = step, 2 step, ..., len (the last one may be partial), in one pass.
-void cumulative_xxh64(const unsigned char* data, size_t len, size_t step, uint64_t seed, std::vector<uint64_t>& out) {
-    out.clear();
+// Token sources for hashing: `word(k)` is tokens k and k + 1 as one little-endian u64 (two 4-byte ids),
+// `one(k)` token k as a u32; `valid()` says whether every id read lies in [0, 2**32). A contiguous buffer is
+// read in place (no packed copy): u32 ids need no check, i32 ids a sign check on the words, wider or
+// narrower ones are packed two at a time with any bit at or above 2**32 (negative values included) recorded.
+struct U32Tokens {
+    const unsigned char* p;
+    uint64_t word(size_t k) const { return read64(p + 4 * k); }
+    uint32_t one(size_t k) const { return read32(p + 4 * k); }
+    bool valid() const { return true; }
+};
+
+struct I32Tokens {
+    const unsigned char* p;
+    uint64_t sign = 0;
+    uint64_t word(size_t k) {
+        uint64_t w = read64(p + 4 * k);
+        sign |= w;
+        return w;
+    }
+    uint32_t one(size_t k) {
+        uint32_t w = read32(p + 4 * k);
+        sign |= w;
+        return w;
+    }
+    bool valid() const { return (sign & 0x8000000080000000ULL) == 0; }
+};
+
+template <typename T>
+struct WideTokens {
+    const T* p;
+    uint64_t high = 0;
+    static uint64_t bits(T v) { return static_cast<uint64_t>(static_cast<int64_t>(v)); }
+    uint64_t word(size_t k) {
+        uint64_t a = bits(p[k]), b = bits(p[k + 1]);
+        high |= a | b;
+        return (a & 0xFFFFFFFFULL) | (b << 32);
+    }
+    uint32_t one(size_t k) {
+        uint64_t a = bits(p[k]);
+        high |= a;
+        return static_cast<uint32_t>(a);
+    }
+    bool valid() const { return (high >> 32) == 0; }
+};
+
+struct Lanes {  // xxh64's four accumulators after some number of whole 32-byte stripes
+    uint64_t v1, v2, v3, v4;
+};
+
+// Digests of every prefix of `n` tokens ending at b = chunk, 2 chunk, ..., n (the last one may be partial):
+// xxh64 over the ids as 4-byte little-endian words, the xxhash package's digests. False if an id lies outside
+// [0, 2**32) (then `out` is garbage). Two passes: the first runs the four accumulators over the whole prompt
+// (long dependent chains, one round per 8 bytes each) and records them at every chunk boundary; the second
+// finalises each digest from its accumulators and the few ids after the last whole stripe. A digest's
+// finalisation is a chain of ~15 dependent multiplies; in a pass of their own the digests are independent
+// and overlap (a warm 10K-token insert: 7.9 -> 7.6 µs).
+template <typename Src>
+bool cumulative_xxh64(Src& src, size_t n, size_t chunk, uint64_t seed, std::vector<Lanes>& lanes,
+                      std::vector<uint64_t>& out) {
+    size_t count = (n + chunk - 1) / chunk;
+    lanes.resize(count);
+    out.resize(count);
+    Lanes* at = lanes.data();
     uint64_t v1 = seed + P1 + P2, v2 = seed + P2, v3 = seed, v4 = seed - P1;
-    size_t done = 0;
-    for (size_t end = std::min(step, len);; end = std::min(end + step, len)) {
-        while (done + 32 <= end) {
-            const unsigned char* p = data + done;
-            v1 = round64(v1, read64(p));
-            v2 = round64(v2, read64(p + 8));
-            v3 = round64(v3, read64(p + 16));
-            v4 = round64(v4, read64(p + 24));
-            done += 32;
+    size_t done = 0;  // tokens folded into v1..v4 (a multiple of 8: 32-byte stripes)
+    for (size_t i = 0; i < count; ++i) {
+        size_t end = std::min((i + 1) * chunk, n);
+        for (; done + 8 <= end; done += 8) {
+            v1 = round64(v1, src.word(done));
+            v2 = round64(v2, src.word(done + 2));
+            v3 = round64(v3, src.word(done + 4));
+            v4 = round64(v4, src.word(done + 6));
         }
+        at[i] = Lanes{v1, v2, v3, v4};
+    }
+    uint64_t* dst = out.data();
+    for (size_t i = 0; i < count; ++i) {
+        size_t end = std::min((i + 1) * chunk, n);
+        const Lanes& l = at[i];
         uint64_t h;
-        if (end >= 32) {
-            h = rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18);
-            h = merge64(h, v1);
-            h = merge64(h, v2);
-            h = merge64(h, v3);
-            h = merge64(h, v4);
+        if (end >= 8) {
+            h = rotl(l.v1, 1) + rotl(l.v2, 7) + rotl(l.v3, 12) + rotl(l.v4, 18);
+            h = merge64(h, l.v1);
+            h = merge64(h, l.v2);
+            h = merge64(h, l.v3);
+            h = merge64(h, l.v4);
         } else {
             h = seed + P5;
         }
-        h += static_cast<uint64_t>(end);
-        const unsigned char* p = data + done;
-        const unsigned char* stop = data + end;
-        while (p + 8 <= stop) {
-            h ^= round64(0, read64(p));
+        h += static_cast<uint64_t>(end) * 4;
+        size_t k = end & ~size_t{7};
+        for (; k + 2 <= end; k += 2) {
+            h ^= round64(0, src.word(k));
             h = rotl(h, 27) * P1 + P4;
-            p += 8;
         }
-        if (p + 4 <= stop) {
-            h ^= static_cast<uint64_t>(read32(p)) * P1;
+        if (k < end) {
+            h ^= static_cast<uint64_t>(src.one(k)) * P1;
             h = rotl(h, 23) * P2 + P3;
-            p += 4;
-        }
-        while (p < stop) {
-            h ^= (*p) * P5;
-            h = rotl(h, 11) * P1;
-            ++p;
         }
         h ^= h >> 33;
         h *= P2;
         h ^= h >> 29;
         h *= P3;
         h ^= h >> 32;
-        out.push_back(h);
-        if (end == len) break;
+        dst[i] = h;
     }
+    return src.valid();
 }
 
-// Token ids from any 1-D integer buffer, as 4-byte little-endian words; false if one lies outside [0, 2**32).
+// Scratch arrays hashing reuses: packed ids (strided buffers only) and accumulators.
+struct HashScratch {
+    std::vector<uint32_t> ids;
+    std::vector<Lanes> lanes;
+};
+
 template <typename T>
-bool pack_tokens(const char* base, Py_ssize_t n, Py_ssize_t stride, std::vector<uint32_t>& out) {
-    out.resize(static_cast<size_t>(n));
-    uint32_t* dst = out.data();
-    uint64_t high = 0;  // any bit at or above 2**32 (negative values included) marks an invalid id
-    if (stride == static_cast<Py_ssize_t>(sizeof(T))) {
-        const T* src = reinterpret_cast<const T*>(base);
-        for (Py_ssize_t i = 0; i < n; ++i) {
-            high |= static_cast<uint64_t>(static_cast<int64_t>(src[i])) >> 32;
-            dst[i] = static_cast<uint32_t>(src[i]);
-        }
-    } else {
-        for (Py_ssize_t i = 0; i < n; ++i) {
-            T v;
-            std::memcpy(&v, base + i * stride, sizeof(T));
-            high |= static_cast<uint64_t>(static_cast<int64_t>(v)) >> 32;
-            dst[i] = static_cast<uint32_t>(v);
-        }
+bool hash_strided(const char* base, size_t n, Py_ssize_t stride, size_t chunk, uint64_t seed, HashScratch& scratch,
+                  std::vector<uint64_t>& out) {
+    std::vector<uint32_t>& ids = scratch.ids;
+    ids.resize(n);
+    uint64_t high = 0;
+    for (size_t i = 0; i < n; ++i) {
+        T v;
+        std::memcpy(&v, base + static_cast<Py_ssize_t>(i) * stride, sizeof(T));
+        uint64_t bits = WideTokens<T>::bits(v);
+        high |= bits;
+        ids[i] = static_cast<uint32_t>(bits);
     }
-    return high == 0;
+    U32Tokens src{reinterpret_cast<const unsigned char*>(ids.data())};
+    cumulative_xxh64(src, n, chunk, seed, scratch.lanes, out);
+    return (high >> 32) == 0;
 }
 
-// Status of reading a buffer of token ids into `out`.
-int64_t read_tokens(PyObject* obj, std::vector<uint32_t>& out) {
+template <typename T>
+bool hash_typed(const char* base, size_t n, Py_ssize_t stride, size_t chunk, uint64_t seed, HashScratch& scratch,
+                std::vector<uint64_t>& out) {
+    if (stride != static_cast<Py_ssize_t>(sizeof(T))) return hash_strided<T>(base, n, stride, chunk, seed, scratch, out);
+    const auto* bytes = reinterpret_cast<const unsigned char*>(base);
+    if constexpr (std::is_same_v<T, uint32_t>) {
+        U32Tokens src{bytes};
+        return cumulative_xxh64(src, n, chunk, seed, scratch.lanes, out);
+    } else if constexpr (std::is_same_v<T, int32_t>) {
+        I32Tokens src{bytes};
+        return cumulative_xxh64(src, n, chunk, seed, scratch.lanes, out);
+    } else {
+        WideTokens<T> src{reinterpret_cast<const T*>(base)};
+        return cumulative_xxh64(src, n, chunk, seed, scratch.lanes, out);
+    }
+}
+
+// Status of hashing a buffer of token ids (any 1-D integer buffer) into its cumulative chunk digests.
+int64_t hash_tokens(PyObject* obj, size_t chunk, uint64_t seed, HashScratch& scratch, std::vector<uint64_t>& out) {
     Py_buffer view;
     if (PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_STRIDES) != 0) {
         PyErr_Clear();
@@ -170,30 +246,38 @@ int64_t read_tokens(PyObject* obj, std::vector<uint32_t>& out) {
     const char* fmt = view.format ? view.format : "B";
     while (*fmt == '@' || *fmt == '=' || *fmt == '<' || *fmt == '!' || *fmt == '>') ++fmt;
     char code = fmt[0];
-    bool bad_shape = view.ndim != 1 || fmt[1] != '\0';
-    if (bad_shape) {
+    bool is_signed = code == 'b' || code == 'h' || code == 'i' || code == 'l' || code == 'q' || code == 'n';
+    bool is_unsigned = code == 'B' || code == 'H' || code == 'I' || code == 'L' || code == 'Q' || code == 'N';
+    if (view.ndim != 1 || fmt[1] != '\0' || !(is_signed || is_unsigned)) {
         status = INVALID_TOKENS;
+    } else if (view.shape[0] == 0) {
+        status = EMPTY;
     } else {
         const char* base = static_cast<const char*>(view.buf);
-        Py_ssize_t n = view.shape[0], stride = view.strides[0];
+        size_t n = static_cast<size_t>(view.shape[0]);
+        Py_ssize_t stride = view.strides[0];
         bool ok;
-        bool is_signed = code == 'b' || code == 'h' || code == 'i' || code == 'l' || code == 'q' || code == 'n';
-        bool is_unsigned = code == 'B' || code == 'H' || code == 'I' || code == 'L' || code == 'Q' || code == 'N';
-        if (!is_signed && !is_unsigned) {
-            ok = false;
-        } else if (view.itemsize == 8) {
-            ok = is_signed ? pack_tokens<int64_t>(base, n, stride, out) : pack_tokens<uint64_t>(base, n, stride, out);
-        } else if (view.itemsize == 4) {
-            ok = is_signed ? pack_tokens<int32_t>(base, n, stride, out) : pack_tokens<uint32_t>(base, n, stride, out);
-        } else if (view.itemsize == 2) {
-            ok = is_signed ? pack_tokens<int16_t>(base, n, stride, out) : pack_tokens<uint16_t>(base, n, stride, out);
-        } else if (view.itemsize == 1) {
-            ok = is_signed ? pack_tokens<int8_t>(base, n, stride, out) : pack_tokens<uint8_t>(base, n, stride, out);
-        } else {
-            ok = false;
+        switch (view.itemsize) {
+            case 8:
+                ok = is_signed ? hash_typed<int64_t>(base, n, stride, chunk, seed, scratch, out)
+                               : hash_typed<uint64_t>(base, n, stride, chunk, seed, scratch, out);
+                break;
+            case 4:
+                ok = is_signed ? hash_typed<int32_t>(base, n, stride, chunk, seed, scratch, out)
+                               : hash_typed<uint32_t>(base, n, stride, chunk, seed, scratch, out);
+                break;
+            case 2:
+                ok = is_signed ? hash_typed<int16_t>(base, n, stride, chunk, seed, scratch, out)
+                               : hash_typed<uint16_t>(base, n, stride, chunk, seed, scratch, out);
+                break;
+            case 1:
+                ok = is_signed ? hash_typed<int8_t>(base, n, stride, chunk, seed, scratch, out)
+                               : hash_typed<uint8_t>(base, n, stride, chunk, seed, scratch, out);
+                break;
+            default:
+                ok = false;
         }
         if (!ok) status = INVALID_TOKENS;
-        else if (n == 0) status = EMPTY;
     }
     PyBuffer_Release(&view);
     return status;
@@ -295,13 +379,13 @@ struct AAfter {
     bool operator()(const AEntry& x, const AEntry& y) const { return y.k < x.k; }
 };
 
-template <typename E, typename After>
-void heap_push(std::vector<E>& h, const E& e) {
+template <typename E, typename After, typename V>
+void heap_push(V& h, const E& e) {
     h.push_back(e);
     std::push_heap(h.begin(), h.end(), After());
 }
-template <typename E, typename After>
-void heap_pop(std::vector<E>& h) {
+template <typename E, typename After, typename V>
+void heap_pop(V& h) {
     std::pop_heap(h.begin(), h.end(), After());
     h.pop_back();
 }
@@ -351,6 +435,71 @@ struct HugeAllocator {
     template <typename U>
     bool operator!=(const HugeAllocator<U>&) const { return false; }
 };
+
+// Candidate heaps: one per node, and most hold one or two entries (a new node's holds the one below it), so a
+// 10K-token insert would call malloc ~100 times and spread the arrays over fresh heap pages. They come
+// instead from per-size free lists (one cache line, two, four, ... up to 4 KiB) carved out of huge-page
+// blocks; bigger arrays go to malloc. Blocks are kept for the process's lifetime and reused by every tree
+// (all calls run under the GIL).
+class SmallArrays {
+  public:
+    static void* allocate(size_t bytes) {
+        size_t c = size_class(bytes);
+        if (c >= CLASSES) return alloc_bytes(bytes);
+        Free*& head = free_[c];
+        if (head != nullptr) {
+            Free* p = head;
+            head = p->next;
+            return p;
+        }
+        size_t size = LINE << c;
+        if (left_ < size) {
+            cursor_ = static_cast<char*>(alloc_bytes(BLOCK));
+            left_ = BLOCK;
+        }
+        void* p = cursor_;
+        cursor_ += size;
+        left_ -= size;
+        return p;
+    }
+    static void release(void* p, size_t bytes) {
+        size_t c = size_class(bytes);
+        if (c >= CLASSES) return free_bytes(p, bytes);
+        Free* f = static_cast<Free*>(p);
+        f->next = free_[c];
+        free_[c] = f;
+    }
+
+  private:
+    struct Free {
+        Free* next;
+    };
+    static constexpr size_t LINE = 64, CLASSES = 7, BLOCK = size_t{1} << 21;
+    static size_t size_class(size_t bytes) {
+        size_t c = 0;
+        while ((LINE << c) < bytes) ++c;
+        return c;
+    }
+    static inline Free* free_[CLASSES] = {};
+    static inline char* cursor_ = nullptr;
+    static inline size_t left_ = 0;
+};
+
+template <typename T>
+struct SmallArrayAllocator {
+    using value_type = T;
+    SmallArrayAllocator() = default;
+    template <typename U>
+    SmallArrayAllocator(const SmallArrayAllocator<U>&) {}
+    T* allocate(size_t n) { return static_cast<T*>(SmallArrays::allocate(n * sizeof(T))); }
+    void deallocate(T* p, size_t n) { SmallArrays::release(p, n * sizeof(T)); }
+    template <typename U>
+    bool operator==(const SmallArrayAllocator<U>&) const { return true; }
+    template <typename U>
+    bool operator!=(const SmallArrayAllocator<U>&) const { return false; }
+};
+
+using Candidates = std::vector<CEntry, SmallArrayAllocator<CEntry>>;
 
 // ------------------------------------------------------------------------------------------- hash map
 
@@ -519,7 +668,7 @@ struct alignas(64) Node {
     bool has_global = false;
     bool has_stranger = false;
     uint64_t hash = 0;
-    std::vector<CEntry> candidates;
+    Candidates candidates;
     uint32_t best_req = NIL;
     uint32_t best_gen = 0;
     Key best{};
@@ -684,6 +833,58 @@ class Core {
     }
 
 
+    // What `insert` needs from Python: the buffer types read in place (others are packed by `token_bytes`
+    // first, as the Python core does), `namespace_seed`, and the error classes it raises.
+    void bind_insert(nb::handle buffers, nb::handle token_bytes, nb::handle namespace_seed, nb::handle duplicate,
+                     nb::handle empty, nb::handle invalid_tokens, nb::handle hash_chain, nb::handle invalid_arrival) {
+        buffer_types_ = nb::borrow(buffers);
+        token_bytes_ = nb::borrow(token_bytes);
+        namespace_seed_ = nb::borrow(namespace_seed);
+        duplicate_error_ = nb::borrow(duplicate);
+        empty_error_ = nb::borrow(empty);
+        invalid_tokens_error_ = nb::borrow(invalid_tokens);
+        hash_chain_error_ = nb::borrow(hash_chain);
+        invalid_arrival_error_ = nb::borrow(invalid_arrival);
+    }
+
+    // insert(request_id, token_ids, *, namespace=None, arrival=None) -> num_chunks: the whole insert, id map
+    // included, with no Python frame.
+    int64_t insert_id(nb::handle rid, nb::handle tokens, nb::handle ns, nb::handle arrival) {
+        refuse_duplicate(rid);
+        nb::object packed;
+        PyObject* source = tokens.ptr();
+        int is_buffer = PyObject_IsInstance(source, buffer_types_.ptr());
+        if (is_buffer < 0) throw nb::python_error();
+        if (!is_buffer) {
+            packed = nb::steal(PyObject_CallOneArg(token_bytes_.ptr(), source));
+            if (!packed.is_valid()) throw nb::python_error();
+        }
+        uint64_t seed = 0;
+        if (!ns.is_none()) {
+            nb::object value = nb::steal(PyObject_CallOneArg(namespace_seed_.ptr(), ns.ptr()));
+            if (!value.is_valid()) throw nb::python_error();
+            seed = PyLong_AsUnsignedLongLong(value.ptr());
+            if (PyErr_Occurred()) throw nb::python_error();
+        }
+        double when = 0.0;
+        bool has_arrival = read_arrival(arrival, when);
+        size_t chunk = static_cast<size_t>(chunk_size_);
+        int64_t status = packed.is_valid() ? hash_packed(packed.ptr(), chunk, seed)
+                                           : hash_tokens(source, chunk, seed, scratch_, hashes_);
+        if (status == OK) status = insert(hashes_, when, has_arrival);
+        return added(rid, status);
+    }
+
+    // insert_hashes(request_id, hashes, *, arrival=None) -> num_chunks.
+    int64_t insert_hashes_id(nb::handle rid, nb::handle hashes, nb::handle arrival) {
+        refuse_duplicate(rid);
+        double when = 0.0;
+        bool has_arrival = read_arrival(arrival, when);
+        int64_t status = read_hashes(hashes.ptr(), hashes_);
+        if (status == OK) status = insert(hashes_, when, has_arrival);
+        return added(rid, status);
+    }
+
     nb::object candidate(uint32_t h, int64_t missing = -1) const {
         int64_t values[5];
         describe_into(h, values, missing);
@@ -785,21 +986,6 @@ class Core {
     }
 
     // ------------------------------------------------------------------ mutations
-
-    // Encoded result: (num_chunks << 32) | handle, or a negative status.
-    int64_t insert_tokens(nb::handle tokens, int64_t chunk_size, uint64_t seed, double arrival, bool has_arrival) {
-        int64_t status = read_tokens(tokens.ptr(), tokens_);
-        if (status != OK) return status;
-        cumulative_xxh64(reinterpret_cast<const unsigned char*>(tokens_.data()), tokens_.size() * 4,
-                         static_cast<size_t>(chunk_size) * 4, seed, hashes_);
-        return insert(hashes_, arrival, has_arrival);
-    }
-
-    int64_t insert_hashes(nb::handle hashes, double arrival, bool has_arrival) {
-        int64_t status = read_hashes(hashes.ptr(), hashes_);
-        if (status != OK) return status;
-        return insert(hashes_, arrival, has_arrival);
-    }
 
     int64_t activate(uint32_t h) {
         Req& r = reqs_[h];
@@ -923,6 +1109,78 @@ class Core {
         throw nb::python_error();
     }
 
+    void refuse_duplicate(nb::handle rid) const {
+        int present = PyDict_Contains(handles_.ptr(), rid.ptr());
+        if (present < 0) throw nb::python_error();
+        if (present) {
+            PyErr_Format(duplicate_error_.ptr(), "request %R is already in the tree", rid.ptr());
+            throw nb::python_error();
+        }
+    }
+
+    // float(arrival) unless it is None.
+    static bool read_arrival(nb::handle arrival, double& out) {
+        if (arrival.is_none()) return false;
+        if (PyFloat_CheckExact(arrival.ptr())) {
+            out = PyFloat_AS_DOUBLE(arrival.ptr());
+            return true;
+        }
+        nb::object value = nb::steal(PyNumber_Float(arrival.ptr()));
+        if (!value.is_valid()) throw nb::python_error();
+        out = PyFloat_AS_DOUBLE(value.ptr());
+        return true;
+    }
+
+    // Digests of ids `token_bytes` already packed (and checked) as 4-byte little-endian words.
+    int64_t hash_packed(PyObject* packed, size_t chunk, uint64_t seed) {
+        char* data;
+        Py_ssize_t size;
+        if (PyBytes_AsStringAndSize(packed, &data, &size) != 0) throw nb::python_error();
+        if (size == 0) return EMPTY;
+        U32Tokens src{reinterpret_cast<const unsigned char*>(data)};
+        cumulative_xxh64(src, static_cast<size_t>(size) / 4, chunk, seed, scratch_.lanes, hashes_);
+        return OK;
+    }
+
+    // Records an inserted request's handle under its id; raises the Python core's error for a refused one.
+    int64_t added(nb::handle rid, int64_t code) {
+        if (code < 0) {
+            PyObject* rp = rid.ptr();
+            switch (code) {
+                case EMPTY:
+                    PyErr_Format(empty_error_.ptr(), "request %R has no chunks", rp);
+                    break;
+                case INVALID_TOKENS:
+                    PyErr_Format(invalid_tokens_error_.ptr(),
+                                 "request %R: token ids must be a 1-D integer sequence in [0, 2**32)", rp);
+                    break;
+                case HASH_CHAIN:
+                    PyErr_Format(hash_chain_error_.ptr(),
+                                 "request %R: a hash repeats, skips a level or sits under another prefix: hashes "
+                                 "are not cumulative or two prefixes collide",
+                                 rp);
+                    break;
+                case BAD_HASH:
+                    PyErr_Format(hash_chain_error_.ptr(), "request %R: chunk hashes must be integers in [0, 2**64)",
+                                 rp);
+                    break;
+                default:
+                    PyErr_Format(invalid_arrival_error_.ptr(), "request %R has arrival NaN", rp);
+            }
+            throw nb::python_error();
+        }
+        uint32_t h = static_cast<uint32_t>(code & 0xFFFFFFFF);
+        PyObject* ids = ids_.ptr();
+        if (static_cast<Py_ssize_t>(h) == PyList_GET_SIZE(ids)) {
+            if (PyList_Append(ids, rid.ptr()) != 0) throw nb::python_error();
+        } else if (PyList_SetItem(ids, h, Py_NewRef(rid.ptr())) != 0) {
+            throw nb::python_error();
+        }
+        nb::object handle = nb::steal(PyLong_FromUnsignedLong(h));
+        if (PyDict_SetItem(handles_.ptr(), rid.ptr(), handle.ptr()) != 0) throw nb::python_error();
+        return code >> 32;
+    }
+
     void forget(nb::handle rid, uint32_t h) {
         if (PyDict_DelItem(handles_.ptr(), rid.ptr()) != 0) throw nb::python_error();
         if (PyList_SetItem(ids_.ptr(), h, Py_NewRef(Py_None)) != 0) throw nb::python_error();
@@ -930,6 +1188,11 @@ class Core {
 
     // ------------------------------------------------------------------ paths and counts
 
+    // Three sweeps: match the known prefix, give every new chunk a node and an index entry (the only step that
+    // can fail: a known hash after a new one, or a repeat, is rolled back), then commit the request and its new
+    // nodes in one pass from the leaf up, which also does what `offer` does for them (each new node's heap
+    // holds the one entry below it). `offer` then handles the known prefix.
+    // Encoded result: (num_chunks << 32) | handle, or a negative status.
     int64_t insert(const std::vector<uint64_t>& hashes, double arrival, bool has_arrival) {
         if (hashes.empty()) return EMPTY;
         if (has_arrival && std::isnan(arrival)) return BAD_ARRIVAL;
@@ -947,10 +1210,41 @@ class Core {
         r.suspended = false;
         link_all(h);
         ++num_requests_;
-        for (uint32_t id : r.path) ++nodes_[id].num_waiting;
+        for (size_t d = 0; d < num_existing; ++d) ++nodes_[r.path[d]].num_waiting;
+        adopt_new_nodes(h, num_existing);
         publish(h, num_existing);
         best_valid_ = false;
         return (static_cast<int64_t>(r.path.size()) << 32) | h;
+    }
+
+    // The new nodes of request `h`'s path (depths num_existing + 1 ..): alive, numbered in depth order, held
+    // by `h` alone, each with the one candidate below it (pushed leaf first, as `offer` numbers them).
+    void adopt_new_nodes(uint32_t h, size_t num_existing) {
+        const Req& r = reqs_[h];
+        const auto& path = r.path;
+        size_t len = path.size();
+        if (num_existing == len) return;
+        Key key = r.key();
+        uint64_t serial = next_serial_ + (len - num_existing);
+        next_serial_ = serial;
+        uint32_t below = h, below_gen = r.gen;
+        bool below_is_req = true;
+        for (size_t i = len; i-- > num_existing;) {
+            Node& n = nodes_[path[i]];
+            n.alive = true;
+            n.serial = --serial;
+            if (n.depth == 1) n.level = alloc_level();
+            n.num_waiting = 1;
+            n.candidates.push_back(CEntry{key, next_push_++, below, below_gen, below_is_req});
+            n.has_best = true;
+            n.best = key;
+            n.best_req = h;
+            n.best_gen = r.gen;
+            below = path[i];
+            below_gen = n.gen;
+            below_is_req = false;
+        }
+        num_nodes_ += len - num_existing;
     }
 
     // Paths are walked node by node; issuing every load first lets the misses overlap (nodes of one
@@ -959,20 +1253,25 @@ class Core {
         for (uint32_t id : path) __builtin_prefetch(&nodes_[id]);
     }
 
+    // Index slots are prefetched a window ahead of the walk, so their misses overlap.
     int64_t build_path(const std::vector<uint64_t>& hashes, std::vector<uint32_t>& path, size_t& num_existing) {
-        path.reserve(hashes.size());
-        for (uint64_t h : hashes) index_.prefetch(h);
+        constexpr size_t AHEAD = 12;
+        size_t len = hashes.size();
+        path.resize(len);
+        for (size_t k = 0; k < std::min(AHEAD, len); ++k) index_.prefetch(hashes[k]);
         uint32_t parent = ROOT;
         size_t i = 0;
-        for (; i < hashes.size(); ++i) {
+        for (; i < len; ++i) {
+            if (i + AHEAD < len) index_.prefetch(hashes[i + AHEAD]);
             uint32_t id = index_.find(hashes[i]);
             if (id == NIL) break;
             if (nodes_[id].parent != parent) return HASH_CHAIN;
-            path.push_back(id);
+            path[i] = id;
             parent = id;
         }
         num_existing = i;
-        for (size_t j = i; j < hashes.size(); ++j) {
+        for (size_t j = i; j < len; ++j) {
+            if (j + AHEAD < len) index_.prefetch(hashes[j + AHEAD]);
             uint32_t id = alloc_node();
             if (!index_.insert(hashes[j], id)) {  // a known hash after a new one, or a repeat
                 free_slot(id);
@@ -980,22 +1279,14 @@ class Core {
                     index_.erase(hashes[k]);
                     free_slot(path[k]);
                 }
-                path.resize(i);
                 return HASH_CHAIN;
             }
             Node& n = nodes_[id];
             n.hash = hashes[j];
             n.parent = parent;
             n.depth = static_cast<uint32_t>(j + 1);
-            path.push_back(id);
+            path[j] = id;
             parent = id;
-        }
-        for (size_t j = i; j < path.size(); ++j) {
-            Node& n = nodes_[path[j]];
-            n.alive = true;
-            n.serial = next_serial_++;
-            if (n.depth == 1) n.level = alloc_level();
-            ++num_nodes_;
         }
         return OK;
     }
@@ -1223,24 +1514,11 @@ class Core {
         Key key = r.key();
         const auto& path = r.path;
         uint32_t node;
-        if (num_existing < path.size()) {
-            uint32_t below = h, below_gen = r.gen;
-            bool below_is_req = true;
-            for (size_t i = path.size(); i-- > num_existing;) {
-                Node& n = nodes_[path[i]];
-                n.candidates.clear();
-                n.candidates.push_back(CEntry{key, next_push_++, below, below_gen, below_is_req});
-                n.has_best = true;
-                n.best = key;
-                n.best_req = h;
-                n.best_gen = r.gen;
-                below = path[i];
-                below_gen = n.gen;
-                below_is_req = false;
-            }
+        if (num_existing < path.size()) {  // the new nodes below are set up (`adopt_new_nodes`)
             if (num_existing == 0) return;
             node = path[num_existing - 1];
-            push(node, key, below, below_gen, false);
+            uint32_t below = path[num_existing];
+            push(node, key, below, nodes_[below].gen, false);
         } else {
             node = path.back();
             push(node, key, h, r.gen, true);
@@ -1432,8 +1710,8 @@ class Core {
 
     // ------------------------------------------------------------------ compaction
 
-    void compact_candidates(std::vector<CEntry>& heap) {
-        std::vector<CEntry> kept;
+    void compact_candidates(Candidates& heap) {
+        Candidates kept;
         kept.reserve(heap.size() / 2);
         for (const CEntry& e : heap)
             if (e.is_req ? live_waiting(e.item, e.gen) : live_child(e)) kept.push_back(e);
@@ -1494,6 +1772,8 @@ class Core {
     nb::list ids_;
     nb::object candidate_cls_, unknown_error_, transition_error_;
     nb::object best_cache_;
+    nb::object buffer_types_, token_bytes_, namespace_seed_;
+    nb::object duplicate_error_, empty_error_, invalid_tokens_error_, hash_chain_error_, invalid_arrival_error_;
     bool best_valid_ = false;
     nb::object field_names_[6];
     Slab<Node, 14> nodes_;  // 16384 x 128 bytes: one huge page per block
@@ -1511,7 +1791,7 @@ class Core {
     size_t num_requests_ = 0, num_active_ = 0, num_nodes_ = 0;
     uint32_t shared_ = NIL;
     uint64_t next_seq_ = 0, next_serial_ = 0, next_push_ = 0;
-    std::vector<uint32_t> tokens_;
+    HashScratch scratch_;
     std::vector<uint64_t> hashes_;
     std::vector<uint32_t> settle_stack_, left_;
 };
@@ -1659,12 +1939,11 @@ std::string Core::check() const {
 #undef REQUIRE
 
 nb::list chunk_hashes(nb::handle tokens, int64_t chunk_size, uint64_t seed) {
-    std::vector<uint32_t> words;
-    int64_t status = read_tokens(tokens.ptr(), words);
-    if (status != OK) throw nb::value_error(status == EMPTY ? "empty" : "invalid tokens");
+    if (chunk_size < 1) throw nb::value_error("chunk_size must be >= 1");
+    HashScratch scratch;
     std::vector<uint64_t> out;
-    cumulative_xxh64(reinterpret_cast<const unsigned char*>(words.data()), words.size() * 4,
-                     static_cast<size_t>(chunk_size) * 4, seed, out);
+    int64_t status = hash_tokens(tokens.ptr(), static_cast<size_t>(chunk_size), seed, scratch, out);
+    if (status != OK) throw nb::value_error(status == EMPTY ? "empty" : "invalid tokens");
     nb::list result;
     for (uint64_t h : out) result.append(h);
     return result;
@@ -1715,7 +1994,10 @@ NB_MODULE(_core, m) {
         .def("_active", &Core::active)
         .def("_oldest", &Core::oldest)
         .def("_prefix_order", &Core::prefix_order)
-        .def("_insert_tokens", &Core::insert_tokens)
-        .def("_insert_hashes", &Core::insert_hashes)
+        .def("_bind_insert", &Core::bind_insert)
+        .def("insert", &Core::insert_id, "request_id"_a, "token_ids"_a, nb::kw_only(), "namespace"_a = nb::none(),
+             "arrival"_a = nb::none())
+        .def("insert_hashes", &Core::insert_hashes_id, "request_id"_a, "hashes"_a, nb::kw_only(),
+             "arrival"_a = nb::none())
         .def("_check", &Core::check);
 }
