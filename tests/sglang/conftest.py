@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 
 from sglang_feather.admission import AdmissionConfig
 from sglang_feather.offline.sglang_objects import (
@@ -57,6 +58,18 @@ def feather_policy(
         options or FeatherOptions(AdmissionConfig(stopper="always")), metrics, clock or FakeClock()
     )
     return policy
+
+
+def adder_pass(policy, cache, allocator, waiting: list, running: ScheduleBatch) -> list:
+    """One prefill pass as SGLang's `get_new_batch_prefill` runs it: the policy orders the queue, then SGLang's
+    real `PrefillAdder` (through the policy's adder class) takes requests until it says stop; returns them."""
+    policy.calc_priority(waiting, running)
+    adder = policy.prefill_adder_class(PrefillAdder)(1, cache, allocator, running, 0.0, 1 << 20, None)
+    for req in waiting:
+        req.init_next_round_input(cache)
+        if adder.add_one_req(req, False, None) is not AddReqResult.CONTINUE:
+            break
+    return list(adder.can_run_list)
 
 
 def decode_plan(running: ScheduleBatch) -> SimpleNamespace:

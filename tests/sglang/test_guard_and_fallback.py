@@ -7,6 +7,7 @@ import importlib.metadata
 import pytest
 from conftest import (
     FakeClock,
+    adder_pass,
     batch,
     feather_policy,
     group_prompt,
@@ -17,7 +18,6 @@ from conftest import (
     scheduler_view,
 )
 from prometheus_client import CollectorRegistry
-from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 
 from sglang_feather.admission import AdmissionConfig
 from sglang_feather.sglang import plugin
@@ -83,17 +83,12 @@ def test_exception_in_a_pass_falls_back_to_fcfs_and_the_tree_is_rebuilt(monkeypa
 
     monkeypatch.setattr(runtime.admission, "propose", boom)
     running = batch()
-    policy.calc_priority(waiting, running)
-    adder = policy.prefill_adder_class(PrefillAdder)(1, cache, allocator, running, 0.0, 1 << 20, None)
-    for req in waiting:
-        req.init_next_round_input(cache)
-        if adder.add_one_req(req, False, None) is not AddReqResult.CONTINUE:
-            break
-    assert [r.rid for r in adder.can_run_list] == ["r0", "r1", "r2", "r3"], "FCFS, nothing lost"
+    admitted = adder_pass(policy, cache, allocator, waiting, running)
+    assert [r.rid for r in admitted] == ["r0", "r1", "r2", "r3"], "FCFS, nothing lost"
     assert runtime.num_errors == 1
     assert registry.get_sample_value("sglang:feather_errors_total", labels) == 1
     monkeypatch.undo()
-    running.reqs.extend(adder.can_run_list)
+    running.reqs.extend(admitted)
     waiting.clear()
     on_step_end(view, idle_plan(running))
     tree = policy.feather.tree

@@ -6,6 +6,7 @@ import random
 
 from conftest import (
     FakeClock,
+    adder_pass,
     batch,
     decode_plan,
     feather_policy,
@@ -17,7 +18,6 @@ from conftest import (
     scheduler_view,
 )
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH
-from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 
 from sglang_feather.admission import AdmissionConfig
 from sglang_feather.cht import RequestState
@@ -68,14 +68,7 @@ class MiniScheduler:
         self.running.reqs = [r for r in self.running.reqs if not r.finished()]
         admitted = []
         if self.waiting_queue:
-            self.policy.calc_priority(self.waiting_queue, self.running)
-            adder_cls = self.policy.prefill_adder_class(PrefillAdder)
-            adder = adder_cls(1, self.cache, self.allocator, self.running, 0.0, 1 << 20, None)
-            for req in self.waiting_queue:
-                req.init_next_round_input(self.cache)
-                if adder.add_one_req(req, False, None) is not AddReqResult.CONTINUE:
-                    break
-            admitted = list(adder.can_run_list)
+            admitted = adder_pass(self.policy, self.cache, self.allocator, self.waiting_queue, self.running)
             self.waiting_queue = [r for r in self.waiting_queue if r not in admitted]
             self.running.reqs.extend(admitted)
         plan = decode_plan(self.running) if decode and not admitted else idle_plan(self.running)

@@ -7,9 +7,17 @@ from collections import deque
 from types import SimpleNamespace
 
 import pytest
-from conftest import FakeClock, batch, feather_policy, group_prompt, make_allocator, make_cache, make_req
+from conftest import (
+    FakeClock,
+    adder_pass,
+    batch,
+    feather_policy,
+    group_prompt,
+    make_allocator,
+    make_cache,
+    make_req,
+)
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, ScheduleBatch
-from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -108,15 +116,7 @@ class OverlapScheduler:
     def _prefill_pass(self, running: ScheduleBatch) -> ScheduleBatch | None:
         if not self.waiting_queue:
             return None
-        self.policy.calc_priority(self.waiting_queue, running)
-        adder = self.policy.prefill_adder_class(PrefillAdder)(
-            1, self.cache, self.allocator, running, 0.0, 1 << 20, None
-        )
-        for req in self.waiting_queue:
-            req.init_next_round_input(self.cache)
-            if adder.add_one_req(req, False, None) is not AddReqResult.CONTINUE:
-                break
-        admitted = list(adder.can_run_list)
+        admitted = adder_pass(self.policy, self.cache, self.allocator, self.waiting_queue, running)
         if not admitted:
             return None
         for req in admitted:

@@ -7,10 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import FakeClock, batch, feather_policy, group_prompt, make_allocator, make_req
+from conftest import FakeClock, adder_pass, batch, feather_policy, group_prompt, make_allocator, make_req
 from sglang.srt.managers import schedule_batch, schedule_policy
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, ScheduleBatch
-from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 from sglang.srt.managers.scheduler import Scheduler, _make_abort_req
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
@@ -109,15 +108,7 @@ class RetractScheduler:
 
     def prefill(self) -> None:
         """A prefill pass admits the waiting requests, which then decode until they hold the whole KV pool."""
-        self.policy.calc_priority(self.waiting_queue, self.running_batch)
-        adder = self.policy.prefill_adder_class(PrefillAdder)(
-            1, self.cache, self.allocator, self.running_batch, 0.0, 1 << 20, None
-        )
-        for req in self.waiting_queue:
-            req.init_next_round_input(self.cache)
-            if adder.add_one_req(req, False, None) is not AddReqResult.CONTINUE:
-                break
-        admitted = list(adder.can_run_list)
+        admitted = adder_pass(self.policy, self.cache, self.allocator, self.waiting_queue, self.running_batch)
         self.waiting_queue = [r for r in self.waiting_queue if r not in admitted]
         num_tokens = self.allocator.available_size() // max(len(admitted), 1)
         for req in admitted:
