@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import platform
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 
-from sglang_feather.bench.cli_types import int_list
+from sglang_feather.bench.cli_types import add_json_flag, int_list, publish
 from sglang_feather.cht import backend_name
 
 ENGINE_SIDE = "sglang_feather.offline.bench_adapter"
@@ -145,7 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-block", type=int, default=200, help="decode-step hook calls per sample")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--stopper", help="Feather's stopper (default static: see bench_adapter.STOPPER)")
-    parser.add_argument("--json", type=Path, help="also write every number to this JSON file")
+    add_json_flag(parser)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -158,9 +156,4 @@ def main(args: argparse.Namespace) -> int:
         args.seed,
         args.stopper,
     )
-    print(markdown(result))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 0
+    return publish(markdown(result), result, args.json)

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import TextIO
 
 from sglang_feather.bench import cht_side, report
-from sglang_feather.bench.cli_types import int_list, workload_list
+from sglang_feather.bench.cli_types import add_json_flag, int_list, publish, workload_list
 from sglang_feather.bench.sequence import SequencePlan
 from sglang_feather.bench.timing import GC_POLICY, TimingConfig, frozen_heap, timing_from_args
 from sglang_feather.bench.workloads import build_workload, shared_prefix_len
@@ -137,7 +135,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--min-time", type=float, help="seconds measured per measurement at least (default 0.3)"
     )
-    parser.add_argument("--json", type=Path, help="also write every number to this JSON file")
+    add_json_flag(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> SweepConfig:
@@ -156,9 +154,4 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
 
 def main(args: argparse.Namespace) -> int:
     result = run(config_from_args(args))
-    print(markdown(result))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 0
+    return publish(markdown(result), result, args.json)

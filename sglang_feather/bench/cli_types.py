@@ -1,8 +1,11 @@
-"""Argument types shared by the benchmark subcommands."""
+"""Argument types and output shared by the benchmark subcommands."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 
 from sglang_feather.bench.workloads import WORKLOADS
 
@@ -23,3 +26,17 @@ def workload_list(text: str) -> tuple[str, ...]:
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown workload(s) {unknown}; choose from {','.join(WORKLOADS)}")
     return names
+
+
+def add_json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", type=Path, help="also write every number to this JSON file")
+
+
+def publish(text: str, result: dict, json_path: Path | None) -> int:
+    """Print a benchmark's report and, with `--json`, write its numbers; the subcommand's exit status."""
+    print(text)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=1))
+        print(f"wrote {json_path}", file=sys.stderr)
+    return 0

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import platform
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from types import ModuleType
 from typing import TextIO
 
 from sglang_feather.bench import cht_side, report
-from sglang_feather.bench.cli_types import int_list, workload_list
+from sglang_feather.bench.cli_types import add_json_flag, int_list, publish, workload_list
 from sglang_feather.bench.sequence import SequencePlan
 from sglang_feather.bench.timing import GC_POLICY, TimingConfig, frozen_heap, median_run, timing_from_args
 from sglang_feather.bench.workloads import WORKLOADS, build_workload
@@ -172,7 +170,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--budget-sequence", action="store_true", help="sequences admit the budget k per pass instead of k"
     )
-    parser.add_argument("--json", type=Path, help="also write every number to this JSON file")
+    add_json_flag(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> OverheadConfig:
@@ -200,9 +198,4 @@ def config_from_args(args: argparse.Namespace) -> OverheadConfig:
 
 def main(args: argparse.Namespace) -> int:
     result = run(config_from_args(args))
-    print(report.overhead_markdown(result))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 0
+    return publish(report.overhead_markdown(result), result, args.json)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
-import sys
 from dataclasses import asdict, replace
-from pathlib import Path
+
+from sglang_feather.bench.cli_types import add_json_flag, publish
 
 ENGINE_SIDE = "sglang_feather.offline.soak"
 """Imported lazily: the soak needs SGLang, the bench package does not."""
@@ -53,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stopper", default="static")
     parser.add_argument("--no-trace", action="store_true", help="without tracemalloc (RSS and counters only)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path, help="also write every number to this JSON file")
+    add_json_flag(parser)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -79,9 +78,4 @@ def main(args: argparse.Namespace) -> int:
         "cht_backend": backend_name(),
         "loadavg": os.getloadavg(),
     }
-    print(markdown(result))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 0
+    return publish(markdown(result), result, args.json)
