@@ -11,6 +11,7 @@ import time
 from dataclasses import asdict
 
 from sglang_feather.bench.cli_types import add_json_flag, int_list, publish
+from sglang_feather.bench.report import machine_line
 from sglang_feather.cht import backend_name
 
 ENGINE_SIDE = "sglang_feather.offline.bench_adapter"
@@ -103,11 +104,8 @@ def _spread(value: dict, scale: float, digits: int) -> str:
 
 def markdown(result: dict) -> str:
     meta = result["meta"]
-    versions = meta["versions"]
     lines = [
-        f"SGLang {versions['sglang']}, torch {versions['torch']}, Python {versions['python']}, "
-        f"{meta['cpu_count']} CPUs, load average {meta['loadavg_before'][0]:.2f} before / "
-        f"{meta['loadavg_after'][0]:.2f} after, CHT core {meta['cht_backend']}, stopper {meta['stopper']}, "
+        f"{machine_line(meta)}, CHT core {meta['cht_backend']}, stopper {meta['stopper']}, "
         f"{meta['repeat']} samples "
         f"per side, run took {meta['wall_s']:.0f} s.",
         f"Workload: {meta['workload']}.",

@@ -348,13 +348,19 @@ def target_table(result: dict, core: str | None = None) -> list[str]:
     return lines
 
 
+def machine_line(meta: dict) -> str:
+    """Versions, CPUs and load around the run, from a benchmark's `meta` (the start of its report)."""
+    v = meta["versions"]
+    return (
+        f"SGLang {v['sglang']}, torch {v['torch']}, Python {v['python']}, {meta['cpu_count']} CPUs, "
+        f"load average {meta['loadavg_before'][0]:.2f} before / {meta['loadavg_after'][0]:.2f} after"
+    )
+
+
 def overhead_markdown(result: dict) -> str:
     meta = result["meta"]
-    v = meta["versions"]
     head = [
-        f"SGLang {v['sglang']}, torch {v['torch']}, Python {v['python']}, {meta['cpu_count']} CPUs, "
-        f"load average {meta['loadavg_before'][0]:.2f} before / {meta['loadavg_after'][0]:.2f} after, "
-        f"chunk size {meta['config']['chunk_size']}, run took {meta['wall_s']:.0f} s.",
+        f"{machine_line(meta)}, chunk size {meta['config']['chunk_size']}, run took {meta['wall_s']:.0f} s.",
         f"Pass: {meta['pass']}.",
         f"GC: {meta['gc']}.",
         f"LPM falls back to FCFS above {meta['lpm_fcfs_above']} waiting requests (cells marked →fcfs).",
