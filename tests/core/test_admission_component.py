@@ -5,18 +5,11 @@ import pytest
 from sglang_feather.admission import Admission, AdmissionConfig, ConfigError, StopReason
 from sglang_feather.cht import InvalidTransition
 from sglang_feather.policy import Decision
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
+from sglang_feather.sim.engine import SimClock
 
 
 def make(stopper="always", **kw):
-    clock = FakeClock()
+    clock = SimClock()
     return Admission.from_config(AdmissionConfig(chunk_size=4, stopper=stopper, **kw), clock=clock), clock
 
 

@@ -6,14 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_feather.admission import Admission, AdmissionConfig
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
+from sglang_feather.sim.engine import SimClock
 
 
 class PrefixCache:
@@ -42,7 +35,7 @@ def make(page_size: int, chunk_size: int = 8, max_wait_s: float | None = None) -
     config = AdmissionConfig(
         chunk_size=chunk_size, stopper="always", page_size=page_size, max_wait_s=max_wait_s
     )
-    return Admission.from_config(config, clock=FakeClock())
+    return Admission.from_config(config, clock=SimClock())
 
 
 def without_frontiers(adm: Admission) -> Admission:
