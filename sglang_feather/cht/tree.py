@@ -60,7 +60,7 @@ from sglang_feather.types import ChunkHash, RequestId
 # `num_active` never grows with depth along a path.
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Candidate:
     """The best waiting request and what admitting it would do to the batch's shared prefix (in chunks)."""
 

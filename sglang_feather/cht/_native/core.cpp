@@ -93,6 +93,7 @@ struct U32Tokens {
     const unsigned char* p;
     uint64_t word(size_t k) const { return read64(p + 4 * k); }
     uint32_t one(size_t k) const { return read32(p + 4 * k); }
+    void prefetch(size_t k) const { __builtin_prefetch(p + 4 * k); }
     bool valid() const { return true; }
 };
 
@@ -109,6 +110,7 @@ struct I32Tokens {
         sign |= w;
         return w;
     }
+    void prefetch(size_t k) const { __builtin_prefetch(p + 4 * k); }
     bool valid() const { return (sign & 0x8000000080000000ULL) == 0; }
 };
 
@@ -127,6 +129,7 @@ struct WideTokens {
         high |= a;
         return static_cast<uint32_t>(a);
     }
+    void prefetch(size_t k) const { __builtin_prefetch(p + k); }
     bool valid() const { return (high >> 32) == 0; }
 };
 
@@ -141,6 +144,8 @@ struct Lanes {  // xxh64's four accumulators after some number of whole 32-byte 
 // finalises each digest from its accumulators and the few ids after the last whole stripe. A digest's
 // finalisation is a chain of ~15 dependent multiplies; in a pass of their own the digests are independent
 // and overlap (a warm 10K-token insert: 7.9 -> 7.6 µs).
+constexpr size_t PREFETCH_TOKENS = 256;  // how far ahead of the stripe loop prompts are prefetched
+
 template <typename Src>
 bool cumulative_xxh64(Src& src, size_t n, size_t chunk, uint64_t seed, std::vector<Lanes>& lanes,
                       std::vector<uint64_t>& out) {
@@ -153,6 +158,7 @@ bool cumulative_xxh64(Src& src, size_t n, size_t chunk, uint64_t seed, std::vect
     for (size_t i = 0; i < count; ++i) {
         size_t end = std::min((i + 1) * chunk, n);
         for (; done + 8 <= end; done += 8) {
+            src.prefetch(done + PREFETCH_TOKENS);
             v1 = round64(v1, src.word(done));
             v2 = round64(v2, src.word(done + 2));
             v3 = round64(v3, src.word(done + 4));
@@ -563,8 +569,22 @@ class HashIndex {
         --size_;
     }
 
-    // A node was released (its generation already bumped): its entry is stale from now on.
-    void forget() { --live_; }
+    // A node was released (its generation already bumped): its `count` entries are stale from now on.
+    void forget(size_t count) { live_ -= count; }
+
+    // Points a live entry at another node (a tail's chunk that became its own node).
+    void assign(uint64_t key, uint32_t val) {
+        size_t mask = slots_.size() - 1;
+        for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
+            Slot& s = slots_[i];
+            if (s.val == NIL) return;
+            if (s.key == key) {
+                s.val = val;
+                s.gen = gens_[val];
+                return;
+            }
+        }
+    }
 
     size_t size() const { return live_; }
 
@@ -657,6 +677,18 @@ class Slab {
 // Two cache lines: the first holds what path walks touch (counters, flags, hash) and the candidate heap; the
 // tier-2 fields only first-level nodes use live in a side slab (`FirstLevel`), so the many deep nodes of
 // long prompts carry none of them.
+//
+// Private tails. The chunks of a new prompt below what the tree already knows belong to that one request
+// until another prompt shares them, so an insert makes them a single *tail* node: `span` chunks ending at
+// `depth`, always the last node of its owner's path (which repeats the tail's id once per chunk, so every
+// depth-indexed read of a path stays as it is), every chunk's hash in the index under the tail's id, the
+// hashes themselves in a `Tail` side slot. A tail behaves as one node of the logical tree: its counts are
+// its owner's, its candidate heap holds its owner's leaf entries, its parent keys it by its cached best, and
+// it is never in the working set of anyone but its owner, so it carries no global or stranger key. When
+// another insert matches k of its chunks, `split_tail` gives those k chunks ordinary nodes (the first keeps
+// the tail's id, so its parent's entry stays valid) and the rest stays one tail; each chunk is split off at
+// most once. A tail starts at depth 2 or deeper, so first-level nodes stay ordinary. Node counts, serials
+// and every result are those of the uncompressed tree (the Python core), which tests check.
 struct alignas(64) Node {
     uint32_t parent = NIL;
     uint32_t depth = 0;
@@ -674,13 +706,19 @@ struct alignas(64) Node {
     Key best{};
     Key global_key{};
     uint64_t serial = 0;
-    uint32_t level = NIL;  // first-level nodes: their `FirstLevel` slot
+    uint32_t side = NIL;  // first-level nodes: their `FirstLevel` slot; tails: their `Tail` slot
+    uint32_t span = 1;    // chunks this node stands for: > 1 for a private tail
 };
 static_assert(sizeof(Node) == 128, "a node is two cache lines");
 
 struct FirstLevel {
     Key stranger_key{};  // (0, arrival, seq)
     std::vector<AEntry> arrivals;
+};
+
+struct Tail {
+    uint32_t owner = NIL;          // the one request whose path holds the tail
+    std::vector<uint64_t> hashes;  // its chunks' hashes, shallowest first (hashes[0] is the node's `hash`)
 };
 
 struct Req {
@@ -716,11 +754,12 @@ class Core {
     size_t num_active() const { return num_active_; }
     size_t num_suspended() const { return suspended_.size(); }
     size_t num_nodes() const { return num_nodes_; }
+    size_t num_tails() const { return tails_.size() - free_tails_.size(); }
     size_t num_index_entries() const {
         size_t total = global_.size() + strangers_.size() + by_arrival_.size();
         for (size_t id = 0; id < nodes_.size(); ++id) {
             const Node& n = nodes_[id];
-            if (n.alive) total += n.candidates.size() + (n.depth == 1 ? levels_[n.level].arrivals.size() : 0);
+            if (n.alive) total += n.candidates.size() + (n.depth == 1 ? levels_[n.side].arrivals.size() : 0);
         }
         return total;
     }
@@ -730,8 +769,14 @@ class Core {
     int64_t num_chunks(uint32_t h) const { return static_cast<int64_t>(reqs_[h].path.size()); }
 
     std::vector<uint64_t> path_hashes(uint32_t h) const {
+        const auto& path = reqs_[h].path;
         std::vector<uint64_t> out;
-        for (uint32_t id : reqs_[h].path) out.push_back(nodes_[id].hash);
+        out.reserve(path.size());
+        for (size_t d = 0; d < path.size(); d += nodes_[path[d]].span) {
+            const Node& n = nodes_[path[d]];
+            if (n.span > 1) out.insert(out.end(), tails_[n.side].hashes.begin(), tails_[n.side].hashes.end());
+            else out.push_back(n.hash);
+        }
         return out;
     }
 
@@ -915,8 +960,11 @@ class Core {
             before = after = missing = len;
         } else {
             missing = known_missing >= 0 ? known_missing : len - last_depth(path, path.size(), 1);
-            int64_t shared = shared_depth();
-            after = last_depth(path, static_cast<size_t>(std::min(len - missing, shared)), num_active_);
+            int64_t shared = shared_depth(), limit = std::min(len - missing, shared);
+            // Usually the candidate's path holds the whole capped prefix (it shares the batch's prefix, or
+            // the batch's shared prefix lies on it): one read instead of a binary search.
+            bool whole = limit > 0 && nodes_[path[static_cast<size_t>(limit - 1)]].num_active >= num_active_;
+            after = whole ? limit : last_depth(path, static_cast<size_t>(std::max<int64_t>(limit - 1, 0)), num_active_);
             before = num_active_ > 1 ? shared : after;
         }
         int64_t sharing = after ? static_cast<int64_t>(nodes_[path[static_cast<size_t>(after - 1)]].num_waiting) - 1 : 0;
@@ -972,7 +1020,7 @@ class Core {
                     order.push_back(h);
                     continue;
                 }
-                uint64_t serial = nodes_[path[common]].serial;
+                uint64_t serial = chunk_serial(path, common);
                 auto it = std::find_if(branches.begin(), branches.end(),
                                        [serial](const auto& b) { return b.first == serial; });
                 if (it == branches.end()) branches.emplace_back(serial, std::vector<uint32_t>{h});
@@ -996,7 +1044,7 @@ class Core {
         link_active(h);
         ++num_active_;
         const auto& path = r.path;
-        size_t len = path.size(), first_entered = len;
+        size_t len = num_distinct(path), first_entered = len;
         for (size_t d = 0; d < len; ++d) {
             Node& n = nodes_[path[d]];
             --n.num_waiting;
@@ -1015,7 +1063,7 @@ class Core {
         Req& r = reqs_[h];
         if (r.state != ACTIVE) return BAD_STATE;
         prefetch_path(r.path);
-        for (uint32_t id : r.path) ++nodes_[id].num_waiting;
+        for (size_t d = 0, len = num_distinct(r.path); d < len; ++d) ++nodes_[r.path[d]].num_waiting;
         r.state = WAITING;
         uint32_t leaf = r.path.back();
         push(leaf, r.key(), h, r.gen, true);
@@ -1041,7 +1089,7 @@ class Core {
         if (r.state != WAITING) return BAD_STATE;
         prefetch_path(r.path);
         if (r.suspended) unsuspend(h);
-        for (uint32_t id : r.path) --nodes_[id].num_waiting;
+        for (size_t d = 0, len = num_distinct(r.path); d < len; ++d) --nodes_[r.path[d]].num_waiting;
         drop_request(h);
         best_valid_ = false;
         return OK;
@@ -1218,31 +1266,35 @@ class Core {
     }
 
     // The new nodes of request `h`'s path (depths num_existing + 1 ..): alive, numbered in depth order, held
-    // by `h` alone, each with the one candidate below it (pushed leaf first, as `offer` numbers them).
+    // by `h` alone, each with the one candidate below it (pushed leaf first, as `offer` numbers them). They are
+    // at most two: a first-level node when nothing was known, and the rest as one tail (or one ordinary node).
     void adopt_new_nodes(uint32_t h, size_t num_existing) {
         const Req& r = reqs_[h];
         const auto& path = r.path;
         size_t len = path.size();
         if (num_existing == len) return;
         Key key = r.key();
-        uint64_t serial = next_serial_ + (len - num_existing);
-        next_serial_ = serial;
+        uint64_t base = next_serial_;
+        next_serial_ += len - num_existing;
         uint32_t below = h, below_gen = r.gen;
         bool below_is_req = true;
-        for (size_t i = len; i-- > num_existing;) {
-            Node& n = nodes_[path[i]];
+        for (size_t i = len; i > num_existing;) {
+            Node& n = nodes_[path[i - 1]];
+            size_t first = n.depth - n.span;  // path index of the node's first chunk
             n.alive = true;
-            n.serial = --serial;
-            if (n.depth == 1) n.level = alloc_level();
+            n.serial = base + (first - num_existing);
+            if (n.depth == 1) n.side = alloc_level();
+            else if (n.span > 1) tails_[n.side].owner = h;
             n.num_waiting = 1;
             n.candidates.push_back(CEntry{key, next_push_++, below, below_gen, below_is_req});
             n.has_best = true;
             n.best = key;
             n.best_req = h;
             n.best_gen = r.gen;
-            below = path[i];
+            below = path[i - 1];
             below_gen = n.gen;
             below_is_req = false;
+            i = first;
         }
         num_nodes_ += len - num_existing;
     }
@@ -1250,45 +1302,138 @@ class Core {
     // Paths are walked node by node; issuing every load first lets the misses overlap (nodes of one
     // request are scattered over the slab once requests come and go).
     void prefetch_path(const std::vector<uint32_t>& path) const {
-        for (uint32_t id : path) __builtin_prefetch(&nodes_[id]);
+        for (size_t d = 0, len = num_distinct(path); d < len; ++d) __builtin_prefetch(&nodes_[path[d]]);
     }
 
-    // Index slots are prefetched a window ahead of the walk, so their misses overlap.
+    // Nodes on a path, counting a tail (which repeats over its chunks at the path's end) once: the walks that
+    // update counts visit path[0 .. num_distinct).
+    size_t num_distinct(const std::vector<uint32_t>& path) const {
+        return path.size() - nodes_[path.back()].span + 1;
+    }
+
+    // The creation serial of the chunk at path[d] (a tail's chunks are numbered from its first).
+    uint64_t chunk_serial(const std::vector<uint32_t>& path, size_t d) const {
+        const Node& n = nodes_[path[d]];
+        return n.serial + (d - (n.depth - n.span));
+    }
+
+    // Index slots are prefetched a window ahead of the walk, so their misses overlap. Three phases, so that a
+    // refused chain changes nothing: match the known prefix (into a tail by comparing its stored hashes),
+    // register every new hash (a known one after a new one, or a repeat, rolls the new entries back), then
+    // commit: split a matched tail and set up the new nodes, which `adopt_new_nodes` makes alive.
     int64_t build_path(const std::vector<uint64_t>& hashes, std::vector<uint32_t>& path, size_t& num_existing) {
         constexpr size_t AHEAD = 12;
         size_t len = hashes.size();
         path.resize(len);
         for (size_t k = 0; k < std::min(AHEAD, len); ++k) index_.prefetch(hashes[k]);
-        uint32_t parent = ROOT;
-        size_t i = 0;
+        uint32_t parent = ROOT, tail = NIL;
+        size_t i = 0, num_in_tail = 0;
         for (; i < len; ++i) {
             if (i + AHEAD < len) index_.prefetch(hashes[i + AHEAD]);
             uint32_t id = index_.find(hashes[i]);
             if (id == NIL) break;
-            if (nodes_[id].parent != parent) return HASH_CHAIN;
+            const Node& n = nodes_[id];
+            if (n.parent != parent) return HASH_CHAIN;
+            if (n.span > 1) {  // the tail's first chunk (a parent match puts it at this depth) and what follows
+                const auto& known = tails_[n.side].hashes;
+                if (known[0] != hashes[i]) return HASH_CHAIN;
+                num_in_tail = 1;
+                while (num_in_tail < known.size() && i + num_in_tail < len && hashes[i + num_in_tail] == known[num_in_tail])
+                    ++num_in_tail;
+                tail = id;
+                i += num_in_tail;
+                break;
+            }
             path[i] = id;
             parent = id;
         }
         num_existing = i;
+        uint32_t fresh[2];  // the new nodes: a first-level one when nothing matched, then the rest as one
+        size_t num_fresh = 0;
         for (size_t j = i; j < len; ++j) {
             if (j + AHEAD < len) index_.prefetch(hashes[j + AHEAD]);
-            uint32_t id = alloc_node();
-            if (!index_.insert(hashes[j], id)) {  // a known hash after a new one, or a repeat
-                free_slot(id);
-                for (size_t k = j; k-- > i;) {
-                    index_.erase(hashes[k]);
-                    free_slot(path[k]);
-                }
+            if (j == i || j == 1) fresh[num_fresh++] = alloc_node();
+            if (!index_.insert(hashes[j], fresh[num_fresh - 1])) {  // a known hash after a new one, or a repeat
+                for (size_t k = j; k-- > i;) index_.erase(hashes[k]);
+                for (size_t k = 0; k < num_fresh; ++k) free_slot(fresh[k]);
                 return HASH_CHAIN;
             }
+        }
+        if (tail != NIL) {
+            size_t at = i - num_in_tail;
+            const auto& owner_path = reqs_[tails_[nodes_[tail].side].owner].path;
+            split_tail(tail, num_in_tail);
+            std::copy(owner_path.begin() + at, owner_path.begin() + i, path.begin() + at);
+            parent = path[i - 1];
+        }
+        for (size_t k = 0, j = i; k < num_fresh; ++k) {
+            uint32_t id = fresh[k];
+            size_t end = k + 1 < num_fresh ? j + 1 : len;
             Node& n = nodes_[id];
             n.hash = hashes[j];
             n.parent = parent;
-            n.depth = static_cast<uint32_t>(j + 1);
-            path[j] = id;
+            n.depth = static_cast<uint32_t>(end);
+            n.span = static_cast<uint32_t>(end - j);
+            if (n.span > 1) {
+                n.side = alloc_tail();
+                tails_[n.side].hashes.assign(hashes.begin() + j, hashes.end());
+            }
+            std::fill(path.begin() + j, path.begin() + end, id);
             parent = id;
+            j = end;
         }
         return OK;
+    }
+
+    // Gives the first `k` chunks of tail `id` (another prompt shares them) ordinary nodes: the first keeps the
+    // id (its parent's entry for it stays valid), the rest stays one node (a tail if it holds two chunks or
+    // more) holding the tail's leaf entries. Each new node copies the tail's counts and cached best and sits
+    // in its parent's heap under that best, which is what the uncompressed tree's chain holds.
+    void split_tail(uint32_t id, size_t k) {
+        Node& t = nodes_[id];
+        uint32_t side = t.side, owner = tails_[side].owner, span = t.span, end = t.depth;
+        size_t at = end - span;  // path index of the tail's first chunk
+        auto& path = reqs_[owner].path;
+        Candidates leaf_entries;
+        leaf_entries.swap(t.candidates);
+        t.span = 1;
+        t.depth = static_cast<uint32_t>(at + 1);
+        t.side = NIL;
+        uint32_t prev = id;
+        for (size_t c = 1; c <= k && c < span; ++c) {
+            bool rest = c == k;  // offsets [k, span): one node
+            uint32_t u = alloc_node();
+            const Node& src = nodes_[id];
+            Node& n = nodes_[u];
+            n.alive = true;
+            n.parent = prev;
+            n.depth = static_cast<uint32_t>(rest ? end : at + c + 1);
+            n.span = rest ? span - static_cast<uint32_t>(k) : 1;
+            n.num_active = src.num_active;
+            n.num_waiting = src.num_waiting;
+            n.has_best = src.has_best;
+            n.best = src.best;
+            n.best_req = src.best_req;
+            n.best_gen = src.best_gen;
+            n.serial = src.serial + c;
+            n.hash = tails_[side].hashes[c];
+            size_t last = rest ? span : c + 1;
+            for (size_t o = c; o < last; ++o) index_.assign(tails_[side].hashes[o], u);
+            std::fill(path.begin() + at + c, path.begin() + at + last, u);
+            if (src.has_best) nodes_[prev].candidates.push_back(CEntry{src.best, next_push_++, u, n.gen, false});
+            prev = u;
+            if (rest) break;
+        }
+        nodes_[prev].candidates.swap(leaf_entries);
+        Node& leaf = nodes_[prev];
+        if (leaf.span > 1) {
+            leaf.side = side;
+            auto& hashes = tails_[side].hashes;
+            hashes.erase(hashes.begin(), hashes.begin() + static_cast<std::ptrdiff_t>(k));
+        } else {
+            free_tail(side);
+        }
+        if (shared_ == id) shared_ = path.back();
     }
 
     uint32_t alloc_node() {
@@ -1312,6 +1457,23 @@ class Core {
         return static_cast<uint32_t>(levels_.size() - 1);
     }
 
+    uint32_t alloc_tail() {
+        if (!free_tails_.empty()) {
+            uint32_t slot = free_tails_.back();
+            free_tails_.pop_back();
+            return slot;
+        }
+        tails_.emplace_back();
+        return static_cast<uint32_t>(tails_.size() - 1);
+    }
+
+    void free_tail(uint32_t slot) {
+        Tail& t = tails_[slot];
+        t.owner = NIL;
+        release(t.hashes);
+        free_tails_.push_back(slot);
+    }
+
     void free_slot(uint32_t id) {  // a slot never made alive (build_path rollback)
         free_nodes_.push_back(id);
     }
@@ -1320,16 +1482,19 @@ class Core {
         Node& n = nodes_[id];
         n.alive = false;
         node_gens_[id] = ++n.gen;
-        index_.forget();
+        index_.forget(n.span);
         n.has_best = n.has_global = n.has_stranger = false;
         n.num_active = n.num_waiting = 0;
         release(n.candidates);
         if (n.depth == 1) {
-            release(levels_[n.level].arrivals);
-            free_levels_.push_back(n.level);
-            n.level = NIL;
+            release(levels_[n.side].arrivals);
+            free_levels_.push_back(n.side);
+        } else if (n.span > 1) {
+            free_tail(n.side);
         }
-        --num_nodes_;
+        n.side = NIL;
+        num_nodes_ -= n.span;
+        n.span = 1;
         free_nodes_.push_back(id);
     }
 
@@ -1363,18 +1528,19 @@ class Core {
     }
 
     void release_nodes(const std::vector<uint32_t>& path) {
-        for (size_t i = path.size(); i-- > 0;) {
+        size_t len = num_distinct(path);
+        for (size_t i = len; i-- > 0;) {
             const Node& n = nodes_[path[i]];
             if (n.num_active || n.num_waiting) break;
             release_node(path[i]);
         }
-        for (uint32_t id : path) {
-            Node& n = nodes_[id];
+        for (size_t i = 0; i < len; ++i) {
+            Node& n = nodes_[path[i]];
             if (!n.alive) break;
             size_t live = n.num_waiting + n.num_active;
             if (n.candidates.size() > 4 * live + COMPACT_MIN) compact_candidates(n.candidates);
-            if (n.depth == 1 && levels_[n.level].arrivals.size() > 4 * live + COMPACT_MIN)
-                compact_arrivals(levels_[n.level].arrivals);
+            if (n.depth == 1 && levels_[n.side].arrivals.size() > 4 * live + COMPACT_MIN)
+                compact_arrivals(levels_[n.side].arrivals);
         }
     }
 
@@ -1460,8 +1626,9 @@ class Core {
         unlink_active(h);
         --num_active_;
         left_.clear();
-        for (uint32_t id : reqs_[h].path)
-            if (--nodes_[id].num_active == 0) left_.push_back(id);
+        const auto& path = reqs_[h].path;
+        for (size_t d = 0, len = num_distinct(path); d < len; ++d)
+            if (--nodes_[path[d]].num_active == 0) left_.push_back(path[d]);
         for (size_t i = left_.size(); i-- > 0;) {
             uint32_t id = left_[i];
             if (nodes_[id].num_waiting == 0) {
@@ -1505,7 +1672,7 @@ class Core {
         Node& first = nodes_[r.path[0]];
         if (first.num_active == 0) {
             Key key{0, r.arrival, r.seq};
-            if (!first.has_stranger || key < levels_[first.level].stranger_key) push_stranger_key(r.path[0], key);
+            if (!first.has_stranger || key < levels_[first.side].stranger_key) push_stranger_key(r.path[0], key);
         }
     }
 
@@ -1554,7 +1721,7 @@ class Core {
         const Req& r = reqs_[h];
         AEntry e{AKey{r.arrival, r.seq}, h, r.gen};
         Node& first = nodes_[r.path[0]];
-        auto& arrivals = levels_[first.level].arrivals;
+        auto& arrivals = levels_[first.side].arrivals;
         heap_push<AEntry, AAfter>(arrivals, e);
         if (arrivals.size() > 4 * (first.num_waiting + first.num_active) + COMPACT_MIN) compact_arrivals(arrivals);
         heap_push<AEntry, AAfter>(by_arrival_, e);
@@ -1566,19 +1733,19 @@ class Core {
         if (top == nullptr) return;
         Key key{0, top->k.a, top->k.s};
         const Node& n = nodes_[first];
-        if (!n.has_stranger || key < levels_[n.level].stranger_key) push_stranger_key(first, key);
+        if (!n.has_stranger || key < levels_[n.side].stranger_key) push_stranger_key(first, key);
     }
 
     void push_stranger_key(uint32_t first, const Key& key) {
         Node& n = nodes_[first];
         n.has_stranger = true;
-        levels_[n.level].stranger_key = key;
+        levels_[n.side].stranger_key = key;
         heap_push<GEntry, GAfter>(strangers_, GEntry{key, next_push_++, first, n.gen});
         if (strangers_.size() > 2 * num_nodes_ + COMPACT_MIN) compact_strangers();
     }
 
     const AEntry* settle_arrivals(uint32_t first) {
-        auto& heap = levels_[nodes_[first].level].arrivals;
+        auto& heap = levels_[nodes_[first].side].arrivals;
         while (!heap.empty()) {
             const AEntry& e = heap.front();
             if (live_waiting(e.req, e.gen)) return &heap.front();
@@ -1681,7 +1848,7 @@ class Core {
         while (!strangers_.empty()) {
             GEntry e = strangers_.front();
             Node& n = nodes_[e.node];
-            if (n.gen != e.gen || !n.has_stranger || levels_[n.level].stranger_key != e.k) {
+            if (n.gen != e.gen || !n.has_stranger || levels_[n.side].stranger_key != e.k) {
                 heap_pop<GEntry, GAfter>(strangers_);
                 continue;
             }
@@ -1697,8 +1864,8 @@ class Core {
                 continue;
             }
             Key key{0, top->k.a, top->k.s};
-            if (key != levels_[n.level].stranger_key) {
-                levels_[n.level].stranger_key = key;
+            if (key != levels_[n.side].stranger_key) {
+                levels_[n.side].stranger_key = key;
                 heap_pop<GEntry, GAfter>(strangers_);
                 heap_push<GEntry, GAfter>(strangers_, GEntry{key, next_push_++, e.node, n.gen});
                 continue;
@@ -1745,7 +1912,7 @@ class Core {
             const Node& n = nodes_[e.node];
             if (n.gen != e.gen || !n.alive) continue;
             bool has = global ? n.has_global : n.has_stranger;
-            const Key& key = global ? n.global_key : levels_[n.level].stranger_key;
+            const Key& key = global ? n.global_key : levels_[n.side].stranger_key;
             bool placed = global ? n.num_active > 0 : n.num_active == 0;
             if (has && key == e.k && placed) kept.push_back(e);
         }
@@ -1780,6 +1947,8 @@ class Core {
     std::vector<uint32_t> free_nodes_;
     Slab<FirstLevel, 8> levels_;
     std::vector<uint32_t> free_levels_;
+    Slab<Tail, 10> tails_;
+    std::vector<uint32_t> free_tails_;
     Slab<Req, 10> reqs_;
     std::vector<uint32_t> free_reqs_;
     std::vector<uint32_t> node_gens_;  // nodes' generations by id, dense, for the hash index's stale checks
@@ -1815,13 +1984,24 @@ std::string Core::check() const {
         flagged += r.suspended;
         REQUIRE(!r.suspended || r.state == WAITING, "a running request is suspended");
         uint32_t parent = ROOT;
-        for (size_t d = 0; d < r.path.size(); ++d) {
+        size_t len = r.path.size();
+        for (size_t d = 0; d < len;) {
             uint32_t id = r.path[d];
             const Node& n = nodes_[id];
             REQUIRE(n.alive && index_.find(n.hash) == id, "dead/unregistered node on a request's path");
-            REQUIRE(n.parent == parent && n.depth == d + 1, "broken chain on a request's path");
+            REQUIRE(n.span >= 1 && n.parent == parent && n.depth == d + n.span, "broken chain on a request's path");
+            if (n.span > 1) {
+                REQUIRE(d >= 1 && n.depth == len, "a tail that is first-level or does not end its owner's path");
+                const Tail& t = tails_[n.side];
+                REQUIRE(t.owner == h && t.hashes.size() == n.span && t.hashes[0] == n.hash, "a tail's owner or hashes");
+                for (size_t k = 0; k < n.span; ++k) {
+                    REQUIRE(r.path[d + k] == id, "a tail's chunks are not one run of its owner's path");
+                    REQUIRE(index_.find(t.hashes[k]) == id, "a tail's chunk is not indexed under it");
+                }
+            }
             (r.state == ACTIVE ? num_active : num_waiting)[id] += 1;
             parent = id;
+            d += n.span;
         }
     }
     REQUIRE(count == num_requests_ && active == num_active_, "request counts disagree with the lists");
@@ -1838,15 +2018,17 @@ std::string Core::check() const {
     for (uint32_t id = 1; id < nodes_.size(); ++id) {
         const Node& n = nodes_[id];
         if (!n.alive) continue;
-        ++alive;
+        alive += n.span;
         REQUIRE(n.num_active == num_active[id], "num_active wrong");
+        REQUIRE(n.span == 1 || n.num_active + n.num_waiting == 1, "a tail held by more than its owner");
+        REQUIRE(n.span == 1 || (!n.has_global && !n.has_stranger), "a tail with a global or stranger key");
         REQUIRE(n.num_waiting == num_waiting[id], "num_waiting wrong");
         REQUIRE(n.num_active + n.num_waiting > 0, "unreferenced node kept");
         size_t live = n.num_active + n.num_waiting;
         REQUIRE(n.candidates.size() <= 4 * live + COMPACT_MIN, "candidate heap unbounded");
-        REQUIRE((n.depth == 1) == (n.level != NIL), "first-level slot missing, or on a deeper node");
+        REQUIRE((n.depth == 1 || n.span > 1) == (n.side != NIL), "first-level or tail slot missing, or misplaced");
         REQUIRE(n.depth == 1 || !n.has_stranger, "a stranger key on a deeper node");
-        REQUIRE(n.depth != 1 || levels_[n.level].arrivals.size() <= 4 * live + COMPACT_MIN, "arrival heap unbounded");
+        REQUIRE(n.depth != 1 || levels_[n.side].arrivals.size() <= 4 * live + COMPACT_MIN, "arrival heap unbounded");
     }
     REQUIRE(alive == num_nodes_ && index_.size() == num_nodes_ && index_.count_live() == num_nodes_,
             "node registry size wrong");
@@ -1895,7 +2077,7 @@ std::string Core::check() const {
     }
     for (const GEntry& e : strangers_) {
         const Node& n = nodes_[e.node];
-        if (n.gen == e.gen && n.has_stranger && levels_[n.level].stranger_key == e.k) live_strangers[e.node] = e.k;
+        if (n.gen == e.gen && n.has_stranger && levels_[n.side].stranger_key == e.k) live_strangers[e.node] = e.k;
     }
     for (uint32_t id = 1; id < nodes_.size(); ++id) {
         const Node& n = nodes_[id];
@@ -1914,11 +2096,11 @@ std::string Core::check() const {
         uint32_t first = r.path[0];
         if (nodes_[first].num_active == 0) {
             bool found = false;
-            for (const AEntry& e : levels_[nodes_[first].level].arrivals) found |= e.req == h && e.gen == r.gen;
+            for (const AEntry& e : levels_[nodes_[first].side].arrivals) found |= e.req == h && e.gen == r.gen;
             REQUIRE(found, "a stranger is missing from its arrival heap");
             const Node& f = nodes_[first];
             Key arrival_key{0, r.arrival, r.seq};
-            REQUIRE(f.has_stranger && levels_[f.level].stranger_key <= arrival_key, "no stranger entry bounds a request");
+            REQUIRE(f.has_stranger && levels_[f.side].stranger_key <= arrival_key, "no stranger entry bounds a request");
             continue;
         }
         REQUIRE(has_entry(r.path.back(), h, true, key, true), "no leaf entry for a waiting request");
@@ -1970,6 +2152,7 @@ NB_MODULE(_core, m) {
         .def_prop_ro("num_active", &Core::num_active)
         .def_prop_ro("num_suspended", &Core::num_suspended)
         .def_prop_ro("num_nodes", &Core::num_nodes)
+        .def_prop_ro("_num_tails", &Core::num_tails)
         .def_prop_ro("num_index_entries", &Core::num_index_entries)
         .def_prop_ro("shared_depth", &Core::shared_depth)
         .def("_bind", &Core::bind)
