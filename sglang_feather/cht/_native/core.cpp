@@ -674,9 +674,9 @@ class Slab {
 
 // ------------------------------------------------------------------------------------------- the tree
 
-// Two cache lines: the first holds what path walks touch (counters, flags, hash) and the candidate heap; the
-// tier-2 fields only first-level nodes use live in a side slab (`FirstLevel`), so the many deep nodes of
-// long prompts carry none of them.
+// Two cache lines: the first holds what path walks and a parent's heap touch (counters, flags, hash, cached
+// best), the second the node's own candidate heap and global key; the tier-2 fields only first-level nodes
+// use live in a side slab (`FirstLevel`), so the many deep nodes of long prompts carry none of them.
 //
 // Private tails. The chunks of a new prompt below what the tree already knows belong to that one request
 // until another prompt shares them, so an insert makes them a single *tail* node: `span` chunks ending at
@@ -700,10 +700,10 @@ struct alignas(64) Node {
     bool has_global = false;
     bool has_stranger = false;
     uint64_t hash = 0;
-    Candidates candidates;
     uint32_t best_req = NIL;
     uint32_t best_gen = 0;
-    Key best{};
+    Key best{};  // with the fields above, all a parent's heap reads of a child (`live_child`): one cache line
+    Candidates candidates;
     Key global_key{};
     uint64_t serial = 0;
     uint32_t side = NIL;  // first-level nodes: their `FirstLevel` slot; tails: their `Tail` slot
