@@ -5,8 +5,10 @@
 // Python object. Chunk hashes map to node ids through an open-addressing table (linear probing, backward-shift
 // deletion, keys mixed so that small or sequential hashes spread). Requests live in a second slab; the Python
 // wrapper keeps the mapping from any hashable request id to the u32 handle. The ranking, the lazy lower-bound
-// heaps, the stranger heap, suspension, compaction thresholds and the invariant checker mirror tree.py line by
-// line (same names), so the two cores give identical results; tests run both against the reference model.
+// heaps, the stranger heap, suspension, compaction thresholds and the invariant checker mirror tree.py (same
+// names), so the two cores give identical results; tests run both against the reference model. One
+// difference in representation: the chunks only one request holds, at the end of its path, are one *tail*
+// node here until another prompt shares them (see `Node`), where tree.py has a node per chunk.
 // Prompts are hashed here (xxh64 over 4-byte little-endian token ids, one digest per chunk boundary, the same
 // digests as the xxhash package) straight from the caller's buffer.
 
