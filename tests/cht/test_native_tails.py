@@ -73,10 +73,15 @@ def test_a_refused_chain_through_a_tail_changes_nothing(native_cls):
 # prefix of one (or a stem with a private suffix), so tails are split at any offset, by prefixes, equal
 # prompts and extensions, while their owners wait, run or are suspended.
 stems = [[s * 1000 + t for t in range(24 * CHUNK)] for s in range(3)]
-prompt = st.tuples(st.integers(0, 2), st.integers(1, 24 * CHUNK), st.integers(0, 12 * CHUNK), st.integers(0, 9))
+prompt = st.tuples(
+    st.integers(0, 2), st.integers(1, 24 * CHUNK), st.integers(0, 12 * CHUNK), st.integers(0, 9)
+)
 op = st.one_of(
     st.tuples(st.just("insert"), prompt),
-    st.tuples(st.sampled_from(["best", "activate", "finish", "deactivate", "remove", "suspend", "resume"]), st.integers(0, 50)),
+    st.tuples(
+        st.sampled_from(["best", "activate", "finish", "deactivate", "remove", "suspend", "resume"]),
+        st.integers(0, 50),
+    ),
 )
 
 

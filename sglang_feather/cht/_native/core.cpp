@@ -264,26 +264,19 @@ int64_t hash_tokens(PyObject* obj, size_t chunk, uint64_t seed, HashScratch& scr
         const char* base = static_cast<const char*>(view.buf);
         size_t n = static_cast<size_t>(view.shape[0]);
         Py_ssize_t stride = view.strides[0];
+        auto hash_as = [&](auto is_signed_type, auto is_unsigned_type) {
+            using S = decltype(is_signed_type);
+            using U = decltype(is_unsigned_type);
+            return is_signed ? hash_typed<S>(base, n, stride, chunk, seed, scratch, out)
+                             : hash_typed<U>(base, n, stride, chunk, seed, scratch, out);
+        };
         bool ok;
         switch (view.itemsize) {
-            case 8:
-                ok = is_signed ? hash_typed<int64_t>(base, n, stride, chunk, seed, scratch, out)
-                               : hash_typed<uint64_t>(base, n, stride, chunk, seed, scratch, out);
-                break;
-            case 4:
-                ok = is_signed ? hash_typed<int32_t>(base, n, stride, chunk, seed, scratch, out)
-                               : hash_typed<uint32_t>(base, n, stride, chunk, seed, scratch, out);
-                break;
-            case 2:
-                ok = is_signed ? hash_typed<int16_t>(base, n, stride, chunk, seed, scratch, out)
-                               : hash_typed<uint16_t>(base, n, stride, chunk, seed, scratch, out);
-                break;
-            case 1:
-                ok = is_signed ? hash_typed<int8_t>(base, n, stride, chunk, seed, scratch, out)
-                               : hash_typed<uint8_t>(base, n, stride, chunk, seed, scratch, out);
-                break;
-            default:
-                ok = false;
+            case 8: ok = hash_as(int64_t{}, uint64_t{}); break;
+            case 4: ok = hash_as(int32_t{}, uint32_t{}); break;
+            case 2: ok = hash_as(int16_t{}, uint16_t{}); break;
+            case 1: ok = hash_as(int8_t{}, uint8_t{}); break;
+            default: ok = false;
         }
         if (!ok) status = INVALID_TOKENS;
     }
@@ -1438,36 +1431,27 @@ class Core {
         if (shared_ == id) shared_ = path.back();
     }
 
-    uint32_t alloc_node() {
-        if (!free_nodes_.empty()) {
-            uint32_t id = free_nodes_.back();
-            free_nodes_.pop_back();
+    // A released slot of `slab` if there is one, else a new one at its end.
+    template <typename S>
+    static uint32_t take_slot(S& slab, std::vector<uint32_t>& free) {
+        if (!free.empty()) {
+            uint32_t id = free.back();
+            free.pop_back();
             return id;
         }
-        nodes_.emplace_back();
-        node_gens_.push_back(0);
-        return static_cast<uint32_t>(nodes_.size() - 1);
+        slab.emplace_back();
+        return static_cast<uint32_t>(slab.size() - 1);
     }
 
-    uint32_t alloc_level() {
-        if (!free_levels_.empty()) {
-            uint32_t slot = free_levels_.back();
-            free_levels_.pop_back();
-            return slot;
-        }
-        levels_.emplace_back();
-        return static_cast<uint32_t>(levels_.size() - 1);
+    uint32_t alloc_node() {
+        uint32_t id = take_slot(nodes_, free_nodes_);
+        if (id == node_gens_.size()) node_gens_.push_back(0);
+        return id;
     }
 
-    uint32_t alloc_tail() {
-        if (!free_tails_.empty()) {
-            uint32_t slot = free_tails_.back();
-            free_tails_.pop_back();
-            return slot;
-        }
-        tails_.emplace_back();
-        return static_cast<uint32_t>(tails_.size() - 1);
-    }
+    uint32_t alloc_level() { return take_slot(levels_, free_levels_); }
+
+    uint32_t alloc_tail() { return take_slot(tails_, free_tails_); }
 
     void free_tail(uint32_t slot) {
         Tail& t = tails_[slot];
@@ -1506,15 +1490,7 @@ class Core {
         else v.clear();
     }
 
-    uint32_t alloc_request() {
-        if (!free_reqs_.empty()) {
-            uint32_t h = free_reqs_.back();
-            free_reqs_.pop_back();
-            return h;
-        }
-        reqs_.emplace_back();
-        return static_cast<uint32_t>(reqs_.size() - 1);
-    }
+    uint32_t alloc_request() { return take_slot(reqs_, free_reqs_); }
 
     void drop_request(uint32_t h) {
         Req& r = reqs_[h];
