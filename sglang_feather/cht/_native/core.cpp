@@ -959,7 +959,8 @@ class Core {
             // Usually the candidate's path holds the whole capped prefix (it shares the batch's prefix, or
             // the batch's shared prefix lies on it): one read instead of a binary search.
             bool whole = limit > 0 && nodes_[path[static_cast<size_t>(limit - 1)]].num_active >= num_active_;
-            after = whole ? limit : last_depth(path, static_cast<size_t>(std::max<int64_t>(limit - 1, 0)), num_active_);
+            after = whole ? limit
+                          : last_depth(path, static_cast<size_t>(std::max<int64_t>(limit - 1, 0)), num_active_);
             before = num_active_ > 1 ? shared : after;
         }
         int64_t sharing = after ? static_cast<int64_t>(nodes_[path[static_cast<size_t>(after - 1)]].num_waiting) - 1 : 0;
@@ -1333,7 +1334,8 @@ class Core {
                 const auto& known = tails_[n.side].hashes;
                 if (known[0] != hashes[i]) return HASH_CHAIN;
                 num_in_tail = 1;
-                while (num_in_tail < known.size() && i + num_in_tail < len && hashes[i + num_in_tail] == known[num_in_tail])
+                while (num_in_tail < known.size() && i + num_in_tail < len &&
+                       hashes[i + num_in_tail] == known[num_in_tail])
                     ++num_in_tail;
                 tail = id;
                 i += num_in_tail;
