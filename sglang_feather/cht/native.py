@@ -90,6 +90,13 @@ class NativeTree(_core.Core):
     def path_hashes(self, request_id: RequestId) -> tuple[ChunkHash, ...]:
         return tuple(self._path_hashes(self._handle(request_id)))
 
+    def prefix_hash(self, request_id: RequestId, depth: int = 1) -> ChunkHash:
+        handle = self._handle(request_id)
+        num_chunks = self._num_chunks(handle)
+        if not 1 <= depth <= num_chunks:
+            raise ValueError(f"depth must lie in [1, {num_chunks}] for request {request_id!r}, got {depth}")
+        return self._prefix_hash(handle, depth)
+
     def num_missing(self, request_id: RequestId) -> int:
         return self._num_missing(self._handle(request_id))
 

@@ -176,6 +176,13 @@ class PythonTree:
         """The request's cumulative chunk hashes, as inserted."""
         return tuple(node.hash for node in self._get(request_id).path)
 
+    def prefix_hash(self, request_id: RequestId, depth: int = 1) -> ChunkHash:
+        """The hash that names the request's first `depth` chunks (`path_hashes(...)[depth - 1]`)."""
+        path = self._get(request_id).path
+        if not 1 <= depth <= len(path):
+            raise ValueError(f"depth must lie in [1, {len(path)}] for request {request_id!r}, got {depth}")
+        return path[depth - 1].hash
+
     def num_missing(self, request_id: RequestId) -> int:
         """Chunks of the request's prompt not held by any running request."""
         path = self._get(request_id).path

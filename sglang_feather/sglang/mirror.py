@@ -8,13 +8,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_feather.cht import RequestState, chunk_hashes
+from sglang_feather.cht import RequestState
 from sglang_feather.types import ChunkHash
 
 # How it works.
 #
 # SGLang owns the truth: `waiting_queue` (a list of `Req`) and the running batch. The runtime forwards the
-# scheduler's own events, each O(1) plus hashing a new prompt: a request entering the waiting queue
+# scheduler's own events, each O(1) plus hashing a new prompt (the tree reads SGLang's `array('q')` of token
+# ids in place; the compiled core hashes it without a copy): a request entering the waiting queue
 # (`queued`: a new one is enqueued with `origin_input_ids + output_ids`; a known running one was retracted and
 # waits again with its grown prompt, keeping its arrival time; a `Req` object that replaces a known one with
 # the same rid starts over), and a request leaving for good (`left`: finished or aborted, in whatever state).
@@ -145,12 +146,13 @@ class QueueMirror:
             if again:
                 self._drop(req.rid)
             return False
-        hashes = chunk_hashes(ids, self.tree.chunk_size, namespace_of(req))
+        namespace = namespace_of(req)
         if again:
-            self.admission.requeue(req.rid, hashes=hashes)
+            self.admission.requeue(req.rid, ids, namespace=namespace)
         else:
-            self.admission.enqueue(req.rid, hashes=hashes)
-        self._entries[req.rid] = _Entry(req=req, num_tokens=num_tokens_of(req), first_hash=hashes[0])
+            self.admission.enqueue(req.rid, ids, namespace=namespace)
+        first_hash = self.tree.prefix_hash(req.rid)
+        self._entries[req.rid] = _Entry(req=req, num_tokens=num_tokens_of(req), first_hash=first_hash)
         self._num_changes += 1
         return True
 

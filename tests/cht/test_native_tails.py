@@ -22,6 +22,9 @@ def observe(tree, rids):
         "shared_depth": tree.shared_depth,
         "states": {rid: (tree.state(rid), tree.is_suspended(rid)) for rid in live},
         "paths": {rid: tree.path_hashes(rid) for rid in live},
+        "prefix_hashes": {
+            rid: [tree.prefix_hash(rid, d) for d in range(1, tree.num_chunks(rid) + 1)] for rid in live
+        },
         "missing": {rid: tree.num_missing(rid) for rid in live},
         "candidates": {rid: tree.candidate(rid) for rid in waiting},
         "holding": {rid: [tree.num_holding(rid, d) for d in range(tree.num_chunks(rid) + 1)] for rid in live},

@@ -41,6 +41,7 @@ class TreeVsReference(RuleBasedStateMachine):
         hashes = chunk_hashes(tokens, CHUNK)
         assert self.tree.insert(self.next_id, tokens) == self.ref.insert_hashes(self.next_id, hashes)
         assert self.tree.path_hashes(self.next_id) == tuple(hashes)
+        assert [self.tree.prefix_hash(self.next_id, d) for d in range(1, len(hashes) + 1)] == hashes
         self.next_id += 1
 
     @rule(tokens=prompts, arrival=st.integers(-3, 3))

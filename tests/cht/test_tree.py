@@ -173,6 +173,9 @@ class TestBadInput:
             (lambda t: t.remove("nope"), UnknownRequest),
             (lambda t: t.candidate("a"), InvalidTransition),
             (lambda t: t.num_missing("nope"), UnknownRequest),
+            (lambda t: t.prefix_hash("nope"), UnknownRequest),
+            (lambda t: t.prefix_hash("w", 0), ValueError),
+            (lambda t: t.prefix_hash("w", 3), ValueError),
         ],
     )
     def test_refused_without_change(self, tree, call, error):

@@ -775,6 +775,14 @@ class Core {
         return out;
     }
 
+    // The hash naming the request's first `depth` chunks (1 <= depth <= its chunks; the wrapper checks).
+    uint64_t prefix_hash(uint32_t h, int64_t depth) const {
+        const auto& path = reqs_[h].path;
+        size_t d = static_cast<size_t>(depth - 1);
+        const Node& n = nodes_[path[d]];
+        return n.span > 1 ? tails_[n.side].hashes[d - (n.depth - n.span)] : n.hash;
+    }
+
     int64_t num_missing(uint32_t h) const {
         const auto& path = reqs_[h].path;
         return static_cast<int64_t>(path.size()) - last_depth(path, path.size(), 1);
@@ -2150,6 +2158,7 @@ NB_MODULE(_core, m) {
         .def("_is_suspended", &Core::is_suspended)
         .def("_num_chunks", &Core::num_chunks)
         .def("_path_hashes", &Core::path_hashes)
+        .def("_prefix_hash", &Core::prefix_hash)
         .def("_num_missing", &Core::num_missing)
         .def("_num_holding", &Core::num_holding)
         .def("_shares_prefix", &Core::shares_prefix)
