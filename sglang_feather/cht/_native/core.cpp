@@ -765,22 +765,14 @@ class Core {
 
     std::vector<uint64_t> path_hashes(uint32_t h) const {
         const auto& path = reqs_[h].path;
-        std::vector<uint64_t> out;
-        out.reserve(path.size());
-        for (size_t d = 0; d < path.size(); d += nodes_[path[d]].span) {
-            const Node& n = nodes_[path[d]];
-            if (n.span > 1) out.insert(out.end(), tails_[n.side].hashes.begin(), tails_[n.side].hashes.end());
-            else out.push_back(n.hash);
-        }
+        std::vector<uint64_t> out(path.size());
+        for (size_t d = 0; d < path.size(); ++d) out[d] = chunk_hash(path, d);
         return out;
     }
 
     // The hash naming the request's first `depth` chunks (1 <= depth <= its chunks; the wrapper checks).
     uint64_t prefix_hash(uint32_t h, int64_t depth) const {
-        const auto& path = reqs_[h].path;
-        size_t d = static_cast<size_t>(depth - 1);
-        const Node& n = nodes_[path[d]];
-        return n.span > 1 ? tails_[n.side].hashes[d - (n.depth - n.span)] : n.hash;
+        return chunk_hash(reqs_[h].path, static_cast<size_t>(depth - 1));
     }
 
     int64_t num_missing(uint32_t h) const {
@@ -1284,7 +1276,7 @@ class Core {
         bool below_is_req = true;
         for (size_t i = len; i > num_existing;) {
             Node& n = nodes_[path[i - 1]];
-            size_t first = n.depth - n.span;  // path index of the node's first chunk
+            size_t first = first_index(n);
             n.alive = true;
             n.serial = base + (first - num_existing);
             if (n.depth == 1) n.side = alloc_level();
@@ -1315,10 +1307,17 @@ class Core {
         return path.size() - nodes_[path.back()].span + 1;
     }
 
-    // The creation serial of the chunk at path[d] (a tail's chunks are numbered from its first).
+    // Path index of a node's first chunk (a tail's chunks run from there to its depth).
+    static size_t first_index(const Node& n) { return n.depth - n.span; }
+
+    // The hash and the creation serial of the chunk at path[d] (a tail's chunks are numbered from its first).
+    uint64_t chunk_hash(const std::vector<uint32_t>& path, size_t d) const {
+        const Node& n = nodes_[path[d]];
+        return n.span > 1 ? tails_[n.side].hashes[d - first_index(n)] : n.hash;
+    }
     uint64_t chunk_serial(const std::vector<uint32_t>& path, size_t d) const {
         const Node& n = nodes_[path[d]];
-        return n.serial + (d - (n.depth - n.span));
+        return n.serial + (d - first_index(n));
     }
 
     // Index slots are prefetched a window ahead of the walk, so their misses overlap. Three phases, so that a
@@ -1397,7 +1396,7 @@ class Core {
     void split_tail(uint32_t id, size_t k) {
         Node& t = nodes_[id];
         uint32_t side = t.side, owner = tails_[side].owner, span = t.span, end = t.depth;
-        size_t at = end - span;  // path index of the tail's first chunk
+        size_t at = first_index(t);
         auto& path = reqs_[owner].path;
         Candidates leaf_entries;
         leaf_entries.swap(t.candidates);
