@@ -423,19 +423,28 @@ inline void free_bytes(void* p, size_t bytes) {
     else munmap(p, (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1));
 }
 
-template <typename T>
-struct HugeAllocator {
+// A stateless std allocator over a memory source with static `allocate(bytes)` and `release(p, bytes)`.
+template <typename T, typename Source>
+struct SourceAllocator {
     using value_type = T;
-    HugeAllocator() = default;
+    SourceAllocator() = default;
     template <typename U>
-    HugeAllocator(const HugeAllocator<U>&) {}
-    T* allocate(size_t n) { return static_cast<T*>(alloc_bytes(n * sizeof(T))); }
-    void deallocate(T* p, size_t n) { free_bytes(p, n * sizeof(T)); }
+    SourceAllocator(const SourceAllocator<U, Source>&) {}
+    T* allocate(size_t n) { return static_cast<T*>(Source::allocate(n * sizeof(T))); }
+    void deallocate(T* p, size_t n) { Source::release(p, n * sizeof(T)); }
     template <typename U>
-    bool operator==(const HugeAllocator<U>&) const { return true; }
+    bool operator==(const SourceAllocator<U, Source>&) const { return true; }
     template <typename U>
-    bool operator!=(const HugeAllocator<U>&) const { return false; }
+    bool operator!=(const SourceAllocator<U, Source>&) const { return false; }
 };
+
+struct HugePages {
+    static void* allocate(size_t bytes) { return alloc_bytes(bytes); }
+    static void release(void* p, size_t bytes) { free_bytes(p, bytes); }
+};
+
+template <typename T>
+using HugeAllocator = SourceAllocator<T, HugePages>;
 
 // Candidate heaps: one per node, and most hold one or two entries (a new node's holds the one below it), so a
 // 10K-token insert would call malloc ~100 times and spread the arrays over fresh heap pages. They come
@@ -487,18 +496,7 @@ class SmallArrays {
 };
 
 template <typename T>
-struct SmallArrayAllocator {
-    using value_type = T;
-    SmallArrayAllocator() = default;
-    template <typename U>
-    SmallArrayAllocator(const SmallArrayAllocator<U>&) {}
-    T* allocate(size_t n) { return static_cast<T*>(SmallArrays::allocate(n * sizeof(T))); }
-    void deallocate(T* p, size_t n) { SmallArrays::release(p, n * sizeof(T)); }
-    template <typename U>
-    bool operator==(const SmallArrayAllocator<U>&) const { return true; }
-    template <typename U>
-    bool operator!=(const SmallArrayAllocator<U>&) const { return false; }
-};
+using SmallArrayAllocator = SourceAllocator<T, SmallArrays>;
 
 using Candidates = std::vector<CEntry, SmallArrayAllocator<CEntry>>;
 
