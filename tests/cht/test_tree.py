@@ -195,6 +195,43 @@ class TestBadInput:
         tree.check_invariants()
         assert snapshot(tree) == before
 
+    @pytest.mark.parametrize(
+        "hashes",
+        [
+            [11, -12],
+            array("q", [11, -12]),
+            np.array([11, -12], dtype=np.int8),
+            np.array([1.0, 2.0]),
+            np.array([True, False]),
+            np.array([[11, 12]], dtype=np.uint64),
+            b"\x0b\x0c",
+            bytearray(b"\x0b\x0c"),
+            [2**64],
+        ],
+    )
+    def test_bad_hash_values_refused(self, tree, hashes):
+        before = snapshot(tree)
+        with pytest.raises(HashChainError):
+            tree.insert_hashes("x", hashes)
+        tree.check_invariants()
+        assert snapshot(tree) == before
+
+    @pytest.mark.parametrize(
+        "hashes",
+        [
+            [11, 12, 2**64 - 1],
+            array("Q", [11, 12, 2**64 - 1]),
+            np.array([11, 12, 2**64 - 1], dtype=np.uint64),
+            np.array([11, 12, 2**64 - 1], dtype=">u8"),
+            np.array([11, 0, 12, 0, 2**64 - 1], dtype=np.uint64)[::2],
+        ],
+    )
+    def test_hash_buffers_read_like_sequences(self, tree_cls, hashes):
+        tree = tree_cls(chunk_size=2)
+        assert tree.insert_hashes("x", hashes) == 3
+        assert tree.path_hashes("x") == (11, 12, 2**64 - 1)
+        tree.check_invariants()
+
     def test_discard_unknown_is_false(self, tree):
         assert tree.discard("nope") is False
 

@@ -146,7 +146,7 @@ struct Lanes {  // xxh64's four accumulators after some number of whole 32-byte 
 // finalises each digest from its accumulators and the few ids after the last whole stripe. A digest's
 // finalisation is a chain of ~15 dependent multiplies; in a pass of their own the digests are independent
 // and overlap (a warm 10K-token insert: 7.9 -> 7.6 µs).
-constexpr size_t PREFETCH_TOKENS = 256;  // how far ahead of the stripe loop prompts are prefetched
+constexpr size_t PREFETCH_TOKENS = 1024;  // how far ahead of the stripe loop prompts are prefetched (see below)
 
 template <typename Src>
 bool cumulative_xxh64(Src& src, size_t n, size_t chunk, uint64_t seed, std::vector<Lanes>& lanes,
@@ -284,8 +284,72 @@ int64_t hash_tokens(PyObject* obj, size_t chunk, uint64_t seed, HashScratch& scr
     return status;
 }
 
+// The integer format of a 1-D buffer (array.array, numpy) as (itemsize, signed), or itemsize 0 for any other
+// buffer: those are read as a sequence, like the Python core's `array('Q', hashes)`.
+struct IntFormat {
+    size_t itemsize = 0;
+    bool is_signed = false;
+};
+
+IntFormat int_format(const Py_buffer& view) {
+    const char* fmt = view.format ? view.format : "B";
+    while (*fmt == '@' || *fmt == '=' || *fmt == '<') ++fmt;
+    if (view.ndim != 1 || fmt[0] == '\0' || fmt[1] != '\0') return {};
+    if (std::strchr("bhilqn", fmt[0])) return {static_cast<size_t>(view.itemsize), true};
+    if (std::strchr("BHILQN", fmt[0])) return {static_cast<size_t>(view.itemsize), false};
+    return {};
+}
+
+template <typename T>
+bool read_typed(const char* base, size_t n, Py_ssize_t stride, uint64_t* out) {
+    bool ok = true;
+    for (size_t i = 0; i < n; ++i) {
+        T v;
+        std::memcpy(&v, base + static_cast<Py_ssize_t>(i) * stride, sizeof(T));
+        if constexpr (std::is_signed_v<T>) ok &= v >= 0;
+        out[i] = static_cast<uint64_t>(v);
+    }
+    return ok;
+}
+
+// Status of reading a 1-D integer buffer of hashes in place (every value must lie in [0, 2**64)); NOT_A_BUFFER
+// sends anything else down the sequence path.
+constexpr int64_t NOT_A_BUFFER = 1;
+
+int64_t read_hash_buffer(PyObject* obj, std::vector<uint64_t>& out) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_STRIDES) != 0) {
+        PyErr_Clear();
+        return NOT_A_BUFFER;
+    }
+    IntFormat format = int_format(view);
+    int64_t status = NOT_A_BUFFER;
+    if (format.itemsize != 0) {
+        const char* base = static_cast<const char*>(view.buf);
+        size_t n = static_cast<size_t>(view.shape[0]);
+        Py_ssize_t stride = view.strides[0];
+        out.resize(n);
+        auto read_as = [&](auto signed_type, auto unsigned_type) {
+            return format.is_signed ? read_typed<decltype(signed_type)>(base, n, stride, out.data())
+                                    : read_typed<decltype(unsigned_type)>(base, n, stride, out.data());
+        };
+        bool ok;
+        switch (format.itemsize) {
+            case 8: ok = read_as(int64_t{}, uint64_t{}); break;
+            case 4: ok = read_as(int32_t{}, uint32_t{}); break;
+            case 2: ok = read_as(int16_t{}, uint16_t{}); break;
+            case 1: ok = read_as(int8_t{}, uint8_t{}); break;
+            default: ok = false;
+        }
+        status = !ok ? BAD_HASH : n == 0 ? EMPTY : OK;
+    }
+    PyBuffer_Release(&view);
+    return status;
+}
+
 // Status of reading chunk hashes (any sequence of integers in [0, 2**64), like array('Q', ...)) into `out`.
 int64_t read_hashes(PyObject* obj, std::vector<uint64_t>& out) {
+    if (PyBytes_Check(obj) || PyByteArray_Check(obj)) return BAD_HASH;  // array('Q', b"...") refuses them too
     PyObject* seq = PySequence_Fast(obj, "hashes must be a sequence");
     if (seq == nullptr) {
         PyErr_Clear();
@@ -438,14 +502,6 @@ struct SourceAllocator {
     bool operator!=(const SourceAllocator<U, Source>&) const { return false; }
 };
 
-struct HugePages {
-    static void* allocate(size_t bytes) { return alloc_bytes(bytes); }
-    static void release(void* p, size_t bytes) { free_bytes(p, bytes); }
-};
-
-template <typename T>
-using HugeAllocator = SourceAllocator<T, HugePages>;
-
 // Candidate heaps: one per node, and most hold one or two entries (a new node's holds the one below it), so a
 // 10K-token insert would call malloc ~100 times and spread the arrays over fresh heap pages. They come
 // instead from per-size free lists (one cache line, two, four, ... up to 4 KiB) carved out of huge-page
@@ -500,6 +556,34 @@ using SmallArrayAllocator = SourceAllocator<T, SmallArrays>;
 
 using Candidates = std::vector<CEntry, SmallArrayAllocator<CEntry>>;
 
+// A fixed-size array of trivially copyable items that starts all zero. Mappings of a huge page or more come
+// zeroed from the kernel, so a new array costs no write of its own (growing the hash index to 16 MB wrote
+// every slot once before moving the entries in).
+template <typename T>
+class ZeroedArray {
+  public:
+    explicit ZeroedArray(size_t n) : n_(n), p_(static_cast<T*>(alloc_bytes(n * sizeof(T)))) {
+        static_assert(std::is_trivially_copyable_v<T>);
+        if (n * sizeof(T) < HUGE_PAGE) std::memset(static_cast<void*>(p_), 0, n * sizeof(T));
+    }
+    ~ZeroedArray() { free_bytes(p_, n_ * sizeof(T)); }
+    ZeroedArray(const ZeroedArray&) = delete;
+    ZeroedArray& operator=(const ZeroedArray&) = delete;
+    void swap(ZeroedArray& other) noexcept {
+        std::swap(n_, other.n_);
+        std::swap(p_, other.p_);
+    }
+    size_t size() const { return n_; }
+    T& operator[](size_t i) { return p_[i]; }
+    const T& operator[](size_t i) const { return p_[i]; }
+    const T* begin() const { return p_; }
+    const T* end() const { return p_ + n_; }
+
+  private:
+    size_t n_;
+    T* p_;
+};
+
 // ------------------------------------------------------------------------------------------- hash map
 
 // Chunk hash -> node id. A released node's entry is not erased: it goes stale (each entry records its node's
@@ -509,13 +593,13 @@ using Candidates = std::vector<CEntry, SmallArrayAllocator<CEntry>>;
 // size), so every rebuild is paid for by a quarter of the table's inserts.
 class HashIndex {
   public:
-    explicit HashIndex(const std::vector<uint32_t>& gens) : gens_(gens) { slots_.assign(64, Slot{0, NIL, 0}); }
+    explicit HashIndex(const std::vector<uint32_t>& gens) : gens_(gens), slots_(64) {}
 
     uint32_t find(uint64_t key) const {
         size_t mask = slots_.size() - 1;
         for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
             const Slot& s = slots_[i];
-            if (s.val == NIL) return NIL;
+            if (s.val == VACANT) return NIL;
             if (s.key == key) return live(s) ? s.val : NIL;
         }
     }
@@ -525,7 +609,7 @@ class HashIndex {
         size_t mask = slots_.size() - 1;
         for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
             Slot& s = slots_[i];
-            if (s.val == NIL) {
+            if (s.val == VACANT) {
                 s = Slot{key, val, gens_[val]};
                 ++size_;
                 ++live_;
@@ -544,12 +628,12 @@ class HashIndex {
     void erase(uint64_t key) {
         size_t mask = slots_.size() - 1;
         size_t i = mix(key) & mask;
-        while (slots_[i].key != key || slots_[i].val == NIL) {
-            if (slots_[i].val == NIL) return;
+        while (slots_[i].key != key || slots_[i].val == VACANT) {
+            if (slots_[i].val == VACANT) return;
             i = (i + 1) & mask;
         }
         if (live(slots_[i])) --live_;
-        for (size_t j = (i + 1) & mask; slots_[j].val != NIL; j = (j + 1) & mask) {
+        for (size_t j = (i + 1) & mask; slots_[j].val != VACANT; j = (j + 1) & mask) {
             size_t home = mix(slots_[j].key) & mask;
             // Move j into the hole at i unless its home lies cyclically in (i, j].
             bool stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
@@ -558,7 +642,7 @@ class HashIndex {
                 i = j;
             }
         }
-        slots_[i].val = NIL;
+        slots_[i].val = VACANT;
         --size_;
     }
 
@@ -570,7 +654,7 @@ class HashIndex {
         size_t mask = slots_.size() - 1;
         for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
             Slot& s = slots_[i];
-            if (s.val == NIL) return;
+            if (s.val == VACANT) return;
             if (s.key == key) {
                 s.val = val;
                 s.gen = gens_[val];
@@ -583,13 +667,14 @@ class HashIndex {
 
     size_t count_live() const {
         size_t n = 0;
-        for (const Slot& s : slots_) n += s.val != NIL && live(s);
+        for (const Slot& s : slots_) n += s.val != VACANT && live(s);
         return n;
     }
 
     void prefetch(uint64_t key) const { __builtin_prefetch(&slots_[mix(key) & (slots_.size() - 1)]); }
 
   private:
+    static constexpr uint32_t VACANT = ROOT;  // the value of an empty slot: the root has no hash
     struct Slot {
         uint64_t key;
         uint32_t val;
@@ -607,13 +692,12 @@ class HashIndex {
     // Live entries only, into `capacity` slots; each entry's new slot is prefetched a few entries ahead so the
     // misses overlap. Growing 4x rehashes a third as many entries over a tree's growth as doubling.
     void rebuild(size_t capacity) {
-        std::vector<Slot, HugeAllocator<Slot>> old;
+        ZeroedArray<Slot> old(capacity);
         old.swap(slots_);
-        slots_.assign(capacity, Slot{0, NIL, 0});
         size_ = 0;
         size_t mask = capacity - 1;
         constexpr size_t AHEAD = 16;
-        auto kept = [&](size_t i) { return old[i].val != NIL && live(old[i]); };
+        auto kept = [&](size_t i) { return old[i].val != VACANT && live(old[i]); };
         for (size_t i = 0; i < std::min(AHEAD, old.size()); ++i)
             if (kept(i)) __builtin_prefetch(&slots_[mix(old[i].key) & mask], 1);
         for (size_t i = 0; i < old.size(); ++i) {
@@ -621,7 +705,7 @@ class HashIndex {
             if (!kept(i)) continue;
             const Slot& s = old[i];
             for (size_t j = mix(s.key) & mask;; j = (j + 1) & mask) {
-                if (slots_[j].val == NIL) {
+                if (slots_[j].val == VACANT) {
                     slots_[j] = s;
                     ++size_;
                     break;
@@ -630,7 +714,7 @@ class HashIndex {
         }
     }
     const std::vector<uint32_t>& gens_;  // the tree's node generations, by node id
-    std::vector<Slot, HugeAllocator<Slot>> slots_;
+    ZeroedArray<Slot> slots_;  // all-zero slots are empty (VACANT)
     size_t size_ = 0;  // live and stale entries
     size_t live_ = 0;
 };
@@ -913,12 +997,16 @@ class Core {
         return added(rid, status);
     }
 
-    // insert_hashes(request_id, hashes, *, arrival=None) -> num_chunks.
+    // insert_hashes(request_id, hashes, *, arrival=None) -> num_chunks. An integer array.array or numpy array
+    // is read in place; any other sequence item by item.
     int64_t insert_hashes_id(nb::handle rid, nb::handle hashes, nb::handle arrival) {
         refuse_duplicate(rid);
         double when = 0.0;
         bool has_arrival = read_arrival(arrival, when);
-        int64_t status = read_hashes(hashes.ptr(), hashes_);
+        int is_buffer = PyObject_IsInstance(hashes.ptr(), buffer_types_.ptr());
+        if (is_buffer < 0) throw nb::python_error();
+        int64_t status = is_buffer ? read_hash_buffer(hashes.ptr(), hashes_) : NOT_A_BUFFER;
+        if (status == NOT_A_BUFFER) status = read_hashes(hashes.ptr(), hashes_);
         if (status == OK) status = insert(hashes_, when, has_arrival);
         return added(rid, status);
     }
