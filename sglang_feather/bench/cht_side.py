@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 
 from sglang_feather.bench.sequence import SequencePlan
-from sglang_feather.bench.timing import Samples, TimingConfig, gc_disabled, sample_named
+from sglang_feather.bench.timing import Samples, TimingConfig, gc_disabled, median_run, sample_named
 from sglang_feather.bench.workloads import Workload
 from sglang_feather.cht import ChunkedHashTree, PythonTree, chunk_hashes
 from sglang_feather.types import ChunkHash
@@ -241,6 +241,24 @@ def run_sequence(
         num_activate=num_activate,
         num_finish=num_finish,
     )
+
+
+def prompt_read_s(workload: Workload, cfg: TimingConfig) -> float | None:
+    """Median seconds to read every queued prompt once without hashing it (the compiled core's `read_words`,
+    prefetched like its hash loop), in arrival order and under the cache state the whole runs leave: the
+    memory traffic any core's inserts of this queue pay at least. None when the compiled core is not built."""
+    try:
+        from sglang_feather.cht._native._core import read_words
+    except ImportError:
+        return None
+
+    def read_all() -> float:
+        start = PERF()
+        for prompt in workload.prompts:
+            read_words(prompt)
+        return PERF() - start
+
+    return median_run(read_all, float, cfg)[0]
 
 
 def _finish_all(tree: ChunkedHashTree, request_ids: list[int]) -> float:

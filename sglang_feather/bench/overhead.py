@@ -88,6 +88,7 @@ def run_cell(
             )
             for name, tree_cls in cht_side.cores().items()
         }
+        prompt_read_s = cht_side.prompt_read_s(workload, cfg.timing)
     default = backend_name()
     return report.Cell(
         workload_name,
@@ -100,6 +101,7 @@ def run_cell(
         cht_sequences[default],
         plan.num_per_pass,
         {name: (cells[name], cht_sequences[name]) for name in cells},
+        prompt_read_s,
     )
 
 

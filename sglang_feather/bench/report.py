@@ -29,6 +29,9 @@ class Cell:
     """Requests each pass of the sequences admitted."""
     cores: dict[str, tuple[ChtCell, tuple[ChtSequence, int]]] = field(default_factory=dict)
     """Every CHT core measured (name -> cell and sequence); `cht`/`cht_sequence` are the default core's."""
+    prompt_read_s: float | None = None
+    """Reading every queued prompt once with no hashing (`cht_side.prompt_read_s`); None without the compiled
+    core."""
 
     def core_json(self, cht: ChtCell, cht_sequence: tuple[ChtSequence, int]) -> dict:
         """One core's figures and its ratios against every SGLang policy."""
@@ -72,6 +75,7 @@ class Cell:
                 "ratio": {name: s.total_s / cht_sequence.total_s for name, (s, _) in self.sequences.items()},
             },
             "cores": {name: self.core_json(*measured) for name, measured in self.cores.items()},
+            "prompt_read_s": self.prompt_read_s,
         }
 
 
@@ -193,6 +197,28 @@ def sequence_table(result: dict) -> list[str]:
                     _us(cht["finish_s"] / max(cht["num_finish"], 1)),
                 ]
                 + [_ratio(seq["ratio"][p]) for p in policies]
+            )
+        )
+    return lines
+
+
+def read_table(result: dict) -> list[str]:
+    """The floor under every insert: reading the queued prompts once, against the whole runs."""
+    policies = list(result["cells"][0]["sglang"])
+    lines = _header(
+        ["workload", "W", "prompt", "read every prompt once ms", "CHT inserts / read"]
+        + [f"{p} whole run / read (no core's ratio can pass this)" for p in policies]
+    )
+    for c in result["cells"]:
+        read_s = c.get("prompt_read_s")
+        if read_s is None:
+            continue
+        seq = c["sequence"]
+        lines.append(
+            _row(
+                [c["workload"], str(c["num_waiting"]), str(c["prompt_len"]), _ms(read_s)]
+                + [f"{seq['cht']['insert_s'] / read_s:.1f}×"]
+                + [_ratio(seq["sglang"][p]["total_s"] / read_s) for p in policies]
             )
         )
     return lines
@@ -385,6 +411,13 @@ def overhead_markdown(result: dict) -> str:
             "",
         ]
         + sequence_table(result)
+        + [
+            "",
+            "### Prompt reads (every queued prompt read once in arrival order, no hashing, the cache state the "
+            "whole runs leave; median)",
+            "",
+        ]
+        + read_table(result)
         + [
             "",
             f"### Cores side by side (default core: {meta.get('cht_backend', 'python')}; one run, "

@@ -46,6 +46,8 @@ def test_tiny_run_covers_every_cell_and_marks_lpm_fallback():
     assert len(pass_rows) == len(cells)
     assert sum("→fcfs" in row for row in pass_rows) == len(WORKLOADS)
     assert "### Targets" in table
+    read_rows = report.read_table(result)[2:]
+    assert len(read_rows) == len(cells) and all(c["prompt_read_s"] > 0 for c in cells)
 
 
 def _cached_groups() -> Workload:

@@ -76,3 +76,16 @@ def test_an_id_at_or_above_2_32_is_refused(native_cls, at):
         tree.insert("a", tokens)
     tokens[at] = 2**32 - 1
     assert tree.insert("a", tokens) == 9
+
+
+@pytest.mark.parametrize("num_words", [0, 1, 7, 8, 9, 1000, 10240])
+def test_read_words_is_the_xor_of_the_buffer(core, num_words):
+    words = np.random.default_rng(num_words).integers(0, 2**63, size=num_words, dtype=np.int64)
+    expected = int(np.bitwise_xor.reduce(words.view(np.uint64))) if num_words else 0
+    assert core.read_words(words) == expected
+    assert core.read_words(array("q", words.tolist())) == expected
+
+
+def test_read_words_refuses_strided_buffers(core):
+    with pytest.raises(ValueError, match="contiguous"):
+        core.read_words(np.arange(16, dtype=np.int64)[::2])

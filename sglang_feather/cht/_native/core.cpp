@@ -2193,6 +2193,22 @@ std::string Core::check() const {
 
 #undef REQUIRE
 
+// The XOR of a contiguous buffer's 8-byte words, read with the hash loop's prefetch: what reading a prompt
+// once costs with no hashing, the floor under any insert of it (the overhead benchmark's "prompt read").
+uint64_t read_words(nb::handle buffer) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(buffer.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) throw nb::python_error();
+    const auto* p = static_cast<const unsigned char*>(view.buf);
+    size_t n = static_cast<size_t>(view.len) / 8;
+    uint64_t acc = 0;
+    for (size_t i = 0; i < n; i += 8) {
+        __builtin_prefetch(p + 8 * (i + PREFETCH_TOKENS));
+        for (size_t k = i; k < std::min(i + 8, n); ++k) acc ^= read64(p + 8 * k);
+    }
+    PyBuffer_Release(&view);
+    return acc;
+}
+
 nb::list chunk_hashes(nb::handle tokens, int64_t chunk_size, uint64_t seed) {
     if (chunk_size < 1) throw nb::value_error("chunk_size must be >= 1");
     HashScratch scratch;
@@ -2217,6 +2233,7 @@ NB_MODULE(_core, m) {
     m.attr("NOT_SUSPENDED") = static_cast<int64_t>(NOT_SUSPENDED);
     m.attr("BAD_ARRIVAL") = static_cast<int64_t>(BAD_ARRIVAL);
     m.def("chunk_hashes", &chunk_hashes, "tokens"_a, "chunk_size"_a, "seed"_a);
+    m.def("read_words", &read_words, "buffer"_a);
     // Public names are the tree's own API (request ids); names with a leading underscore take the u32 handles
     // the Python subclass (native.NativeTree) maps ids to.
     nb::class_<Core>(m, "Core")
