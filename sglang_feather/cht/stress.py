@@ -53,7 +53,10 @@ def run_stress(
                 rng.randrange(9) for _ in range(rng.randrange(6))
             ]
             hashes = chunk_hashes(tokens, chunk)
-            tree.insert_hashes(next_id, hashes)
+            if op < num_ops // 2:  # token ids first, then an engine's hashes (the compiled core switches mode)
+                tree.insert(next_id, tokens)
+            else:
+                tree.insert_hashes(next_id, hashes)
             ref.insert_hashes(next_id, hashes)
             waiting.append(next_id)
             next_id += 1

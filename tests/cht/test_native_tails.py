@@ -72,6 +72,62 @@ def test_a_refused_chain_through_a_tail_changes_nothing(native_cls):
     tree.check_invariants()
 
 
+@pytest.mark.parametrize("core", ["python", "native"])
+def test_engine_hashes_after_token_prompts_are_checked_against_every_chunk(native_cls, core):
+    """Token prompts leave their tails' later chunks out of the compiled core's index; the first engine-hash
+    insert indexes them, so a misplaced hash from one of them is refused by both cores alike."""
+    tree = (PythonTree if core == "python" else native_cls)(CHUNK)
+    tokens = list(range(40 * CHUNK))
+    tree.insert("a", array("q", tokens))
+    tree.insert("b", array("q", tokens[: 20 * CHUNK] + [7] * CHUNK))
+    hashes = chunk_hashes(tokens, CHUNK)
+    if core == "native":
+        assert not tree._tails_indexed
+    with pytest.raises(HashChainError):
+        tree.insert_hashes("c", [hashes[0], hashes[30]])  # a tail's 30th chunk at depth 2
+    with pytest.raises(HashChainError):
+        tree.insert_hashes("d", [123, hashes[25]])
+    tree.insert_hashes("e", hashes[:35] + [99])  # splits a's tail, now with every chunk indexed
+    if core == "native":
+        assert tree._tails_indexed
+    tree.check_invariants()
+    assert tree.path_hashes("e")[:35] == tuple(hashes[:35])
+
+
+def _digests(*values):
+    return array("Q", values)
+
+
+def test_a_digest_collision_is_refused_where_the_chunk_is_first_indexed(native_cls):
+    """What not indexing tails' later chunks gives up, reached through the tests-only `_insert_digests` (no
+    real pair of prompts collides): a digest equal to a tail's later chunk is accepted (the Python core
+    refuses it), then refused, with nothing changed, by the insert that would split the tail there and by the
+    switch to indexing every chunk; both go through once the colliding request is gone."""
+    tree = native_cls(CHUNK)
+    a = [1000 + k for k in range(10)]
+    tree._insert_digests("a", _digests(*a))
+    tree._insert_digests("b", _digests(1, a[5]))  # a[5] is a's 6th chunk, inside its tail
+    reference = PythonTree(CHUNK)
+    reference.insert_hashes("a", a)
+    with pytest.raises(HashChainError):
+        reference.insert_hashes("b", [1, a[5]])
+    tree.check_invariants()
+    snapshot = (tree.num_nodes, tree._num_tails, sorted(tree.waiting_ids()), tree.best())
+    with pytest.raises(HashChainError):
+        tree._insert_digests("c", _digests(*a[:7], 2))  # the split would index a[5]
+    with pytest.raises(HashChainError):
+        tree.insert_hashes("d", [3])  # the switch would index a[5]
+    assert not tree._tails_indexed
+    assert (tree.num_nodes, tree._num_tails, sorted(tree.waiting_ids()), tree.best()) == snapshot
+    tree.check_invariants()
+    tree.remove("b")
+    tree._insert_digests("c", _digests(*a[:7], 2))
+    tree.insert_hashes("d", [3])
+    assert tree._tails_indexed
+    tree.check_invariants()
+    assert tree.path_hashes("c") == (*a[:7], 2)
+
+
 # Prompts that share, extend and cut each other at every chunk: a few stems of up to 24 chunks, each prompt a
 # prefix of one (or a stem with a private suffix), so tails are split at any offset, by prefixes, equal
 # prompts and extensions, while their owners wait, run or are suspended.

@@ -832,6 +832,7 @@ class Core {
     size_t num_suspended() const { return suspended_.size(); }
     size_t num_nodes() const { return num_nodes_; }
     size_t num_tails() const { return tails_.size() - free_tails_.size(); }
+    bool tails_indexed() const { return tails_indexed_; }
     size_t num_index_entries() const {
         size_t total = global_.size() + strangers_.size() + by_arrival_.size();
         for (size_t id = 0; id < nodes_.size(); ++id) {
@@ -1000,6 +1001,16 @@ class Core {
     // insert_hashes(request_id, hashes, *, arrival=None) -> num_chunks. An integer array.array or numpy array
     // is read in place; any other sequence item by item.
     int64_t insert_hashes_id(nb::handle rid, nb::handle hashes, nb::handle arrival) {
+        return insert_hashes_as(rid, hashes, arrival, true);
+    }
+
+    // Tests only: `insert_hashes` of digests taken as this core's own (the tree keeps not indexing tails'
+    // later chunks), to reach the digest-collision paths that no real pair of prompts can.
+    int64_t insert_digests_id(nb::handle rid, nb::handle hashes, nb::handle arrival) {
+        return insert_hashes_as(rid, hashes, arrival, false);
+    }
+
+    int64_t insert_hashes_as(nb::handle rid, nb::handle hashes, nb::handle arrival, bool from_engine) {
         refuse_duplicate(rid);
         double when = 0.0;
         bool has_arrival = read_arrival(arrival, when);
@@ -1007,6 +1018,7 @@ class Core {
         if (is_buffer < 0) throw nb::python_error();
         int64_t status = is_buffer ? read_hash_buffer(hashes.ptr(), hashes_) : NOT_A_BUFFER;
         if (status == NOT_A_BUFFER) status = read_hashes(hashes.ptr(), hashes_);
+        if (status == OK && from_engine && !tails_indexed_ && !index_tail_chunks()) status = HASH_CHAIN;
         if (status == OK) status = insert(hashes_, when, has_arrival);
         return added(rid, status);
     }
@@ -1440,18 +1452,29 @@ class Core {
         num_existing = i;
         uint32_t fresh[2];  // the new nodes: a first-level one when nothing matched, then the rest as one
         size_t num_fresh = 0;
+        auto starts_node = [i](size_t j) { return j == i || j == 1; };
+        auto indexed = [&](size_t j) { return tails_indexed_ || starts_node(j); };
+        auto roll_back = [&](size_t end) {
+            for (size_t k = end; k-- > i;)
+                if (indexed(k)) index_.erase(hashes[k]);
+            for (size_t k = 0; k < num_fresh; ++k) free_slot(fresh[k]);
+        };
         for (size_t j = i; j < len; ++j) {
+            if (starts_node(j)) fresh[num_fresh++] = alloc_node();
+            if (!indexed(j)) continue;
             if (j + AHEAD < len) index_.prefetch(hashes[j + AHEAD]);
-            if (j == i || j == 1) fresh[num_fresh++] = alloc_node();
             if (!index_.insert(hashes[j], fresh[num_fresh - 1])) {  // a known hash after a new one, or a repeat
-                for (size_t k = j; k-- > i;) index_.erase(hashes[k]);
-                for (size_t k = 0; k < num_fresh; ++k) free_slot(fresh[k]);
+                roll_back(j);
                 return HASH_CHAIN;
             }
         }
         if (tail != NIL) {
             size_t at = i - num_in_tail;
             const auto& owner_path = reqs_[tails_[nodes_[tail].side].owner].path;
+            if (!prepare_split(tail, num_in_tail)) {
+                roll_back(len);
+                return HASH_CHAIN;
+            }
             split_tail(tail, num_in_tail);
             std::copy(owner_path.begin() + at, owner_path.begin() + i, path.begin() + at);
             parent = path[i - 1];
@@ -1479,6 +1502,28 @@ class Core {
     // id (its parent's entry for it stays valid), the rest stays one node (a tail if it holds two chunks or
     // more) holding the tail's leaf entries. Each new node copies the tail's counts and cached best and sits
     // in its parent's heap under that best, which is what the uncompressed tree's chain holds.
+    //
+    // `prepare_split` allocates the new nodes first (and, while a tail's later chunks are not indexed, gives each
+    // new node's first chunk its index entry), so that the one step of a split that can fail runs before
+    // anything changes: false (nothing changed) if such a chunk's hash is already indexed, which only a digest
+    // collision can cause (see `tails_indexed_`).
+    bool prepare_split(uint32_t id, size_t k) {
+        const Node& t = nodes_[id];
+        const auto& hashes = tails_[t.side].hashes;
+        size_t count = std::min<size_t>(k, t.span - 1);
+        split_ids_.resize(count);
+        for (size_t c = 1; c <= count; ++c) split_ids_[c - 1] = alloc_node();
+        if (tails_indexed_) return true;
+        for (size_t c = 1; c <= count; ++c) {
+            if (!index_.insert(hashes[c], split_ids_[c - 1])) {
+                for (size_t b = c; --b >= 1;) index_.erase(hashes[b]);
+                for (uint32_t u : split_ids_) free_slot(u);
+                return false;
+            }
+        }
+        return true;
+    }
+
     void split_tail(uint32_t id, size_t k) {
         Node& t = nodes_[id];
         uint32_t side = t.side, owner = tails_[side].owner, span = t.span, end = t.depth;
@@ -1492,7 +1537,7 @@ class Core {
         uint32_t prev = id;
         for (size_t c = 1; c <= k && c < span; ++c) {
             bool rest = c == k;  // offsets [k, span): one node
-            uint32_t u = alloc_node();
+            uint32_t u = split_ids_[c - 1];
             const Node& src = nodes_[id];
             Node& n = nodes_[u];
             n.alive = true;
@@ -1508,7 +1553,8 @@ class Core {
             n.serial = src.serial + c;
             n.hash = tails_[side].hashes[c];
             size_t last = rest ? span : c + 1;
-            for (size_t o = c; o < last; ++o) index_.assign(tails_[side].hashes[o], u);
+            if (tails_indexed_)
+                for (size_t o = c; o < last; ++o) index_.assign(tails_[side].hashes[o], u);
             std::fill(path.begin() + at + c, path.begin() + at + last, u);
             if (src.has_best) nodes_[prev].candidates.push_back(CEntry{src.best, next_push_++, u, n.gen, false});
             prev = u;
@@ -1524,6 +1570,26 @@ class Core {
             free_tail(side);
         }
         if (shared_ == id) shared_ = path.back();
+    }
+
+    // The switch `tails_indexed_` describes: every live tail's later chunks get their index entries. False, with
+    // nothing changed, if one of them is already indexed (two token prompts whose digests collide).
+    bool index_tail_chunks() {
+        std::vector<uint64_t> added;
+        for (uint32_t side = 0; side < tails_.size(); ++side) {
+            const Tail& t = tails_[side];
+            if (t.owner == NIL) continue;
+            uint32_t id = reqs_[t.owner].path.back();
+            for (size_t k = 1; k < t.hashes.size(); ++k) {
+                if (!index_.insert(t.hashes[k], id)) {
+                    for (uint64_t h : added) index_.erase(h);
+                    return false;
+                }
+                added.push_back(t.hashes[k]);
+            }
+        }
+        tails_indexed_ = true;
+        return true;
     }
 
     // A released slot of `slab` if there is one, else a new one at its end.
@@ -1563,7 +1629,7 @@ class Core {
         Node& n = nodes_[id];
         n.alive = false;
         node_gens_[id] = ++n.gen;
-        index_.forget(n.span);
+        index_.forget(tails_indexed_ ? n.span : 1);
         n.has_best = n.has_global = n.has_stranger = false;
         n.num_active = n.num_waiting = 0;
         release(n.candidates);
@@ -2035,7 +2101,18 @@ class Core {
     uint64_t next_seq_ = 0, next_serial_ = 0, next_push_ = 0;
     HashScratch scratch_;
     std::vector<uint64_t> hashes_;
-    std::vector<uint32_t> settle_stack_, left_;
+    std::vector<uint32_t> settle_stack_, left_, split_ids_;
+    // Whether a tail's later chunks are in the index too (its first one always is). A tree fed only token ids
+    // leaves them out: the digests are this core's own cumulative xxh64, so a later chunk of one prompt can
+    // reappear in another prompt only where that prompt shares everything before it, and then the walk reaches
+    // it through the tail's first chunk. Their index entries (96 random slots per 10K-token prompt, and most
+    // of the table's growth) would only catch a 64-bit digest collision. The first `insert_hashes` (an
+    // engine's hashes, which may not be one chain) indexes every tail's chunks and keeps doing so, so that a
+    // repeated or misplaced engine hash is refused exactly as the Python core refuses it. What this gives up:
+    // a digest collision between two token prompts is refused when the colliding chunk is first indexed (a
+    // split, or that switch), not at the insert that brought it, and a prompt whose own digests collide is
+    // accepted; the chance is about n**2 / 2**65 for n chunks in the tree.
+    bool tails_indexed_ = false;
 };
 
 // ------------------------------------------------------------------------------------------- invariants
@@ -2047,7 +2124,7 @@ class Core {
 
 std::string Core::check() const {
     std::vector<uint32_t> num_active(nodes_.size(), 0), num_waiting(nodes_.size(), 0);
-    size_t count = 0, active = 0, flagged = 0;
+    size_t count = 0, active = 0, flagged = 0, num_unindexed = 0;
     for (uint32_t h = all_.head; h != NIL; h = reqs_[h].next) {
         const Req& r = reqs_[h];
         ++count;
@@ -2069,8 +2146,9 @@ std::string Core::check() const {
                 REQUIRE(t.owner == h && t.hashes.size() == n.span && t.hashes[0] == n.hash, "a tail's owner or hashes");
                 for (size_t k = 0; k < n.span; ++k) {
                     REQUIRE(r.path[d + k] == id, "a tail's chunks are not one run of its owner's path");
-                    REQUIRE(index_.find(t.hashes[k]) == id, "a tail's chunk is not indexed under it");
+                    REQUIRE(!tails_indexed_ || index_.find(t.hashes[k]) == id, "a tail's chunk is not indexed under it");
                 }
+                num_unindexed += tails_indexed_ ? 0 : n.span - 1;
             }
             (r.state == ACTIVE ? num_active : num_waiting)[id] += 1;
             parent = id;
@@ -2103,7 +2181,8 @@ std::string Core::check() const {
         REQUIRE(n.depth == 1 || !n.has_stranger, "a stranger key on a deeper node");
         REQUIRE(n.depth != 1 || levels_[n.side].arrivals.size() <= 4 * live + COMPACT_MIN, "arrival heap unbounded");
     }
-    REQUIRE(alive == num_nodes_ && index_.size() == num_nodes_ && index_.count_live() == num_nodes_,
+    size_t num_entries = num_nodes_ - num_unindexed;  // every chunk's hash but tails' later ones while unindexed
+    REQUIRE(alive == num_nodes_ && index_.size() == num_entries && index_.count_live() == num_entries,
             "node registry size wrong");
     REQUIRE(nodes_[ROOT].candidates.empty(), "the root has candidates");
     REQUIRE(global_.size() <= 2 * num_nodes_ + COMPACT_MIN, "global heap unbounded");
@@ -2243,6 +2322,7 @@ NB_MODULE(_core, m) {
         .def_prop_ro("num_suspended", &Core::num_suspended)
         .def_prop_ro("num_nodes", &Core::num_nodes)
         .def_prop_ro("_num_tails", &Core::num_tails)
+        .def_prop_ro("_tails_indexed", [](const Core& c) { return c.tails_indexed(); })
         .def_prop_ro("num_index_entries", &Core::num_index_entries)
         .def_prop_ro("shared_depth", &Core::shared_depth)
         .def("_bind", &Core::bind)
@@ -2270,6 +2350,8 @@ NB_MODULE(_core, m) {
         .def("_prefix_order", &Core::prefix_order)
         .def("_bind_insert", &Core::bind_insert)
         .def("insert", &Core::insert_id, "request_id"_a, "token_ids"_a, nb::kw_only(), "namespace"_a = nb::none(),
+             "arrival"_a = nb::none())
+        .def("_insert_digests", &Core::insert_digests_id, "request_id"_a, "hashes"_a, nb::kw_only(),
              "arrival"_a = nb::none())
         .def("insert_hashes", &Core::insert_hashes_id, "request_id"_a, "hashes"_a, nb::kw_only(),
              "arrival"_a = nb::none())
