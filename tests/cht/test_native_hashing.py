@@ -5,7 +5,7 @@ from array import array
 import numpy as np
 import pytest
 
-from sglang_feather.cht import InvalidTokens, chunk_hashes, namespace_seed
+from sglang_feather.cht import InvalidTokens, PythonTree, chunk_hashes, namespace_seed
 
 
 @pytest.fixture
@@ -40,6 +40,20 @@ def test_tree_insert_uses_the_same_digests(native_cls):
 
 
 DTYPES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
+
+
+@pytest.mark.parametrize("dtype", [">i2", ">u4", ">i8", ">u8"])
+def test_other_byte_orders_are_read_by_value(native_cls, dtype):
+    """A big-endian numpy array is not read in place (its bytes are not the ids): the insert packs it the
+    way the Python core does, so both cores agree on its digests and on refusing a negative id."""
+    tokens = np.array([1, 2, 3, 7, 250, 9], dtype=dtype)
+    for tree_cls in (PythonTree, native_cls):
+        tree = tree_cls(chunk_size=2)
+        tree.insert("a", tokens)
+        assert tree.path_hashes("a") == tuple(chunk_hashes(tokens.astype(np.int64), 2))
+        if dtype[1] == "i":
+            with pytest.raises(InvalidTokens):
+                tree.insert("b", -tokens)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

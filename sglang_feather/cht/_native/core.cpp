@@ -243,61 +243,58 @@ bool hash_typed(const char* base, size_t n, Py_ssize_t stride, size_t chunk, uin
     }
 }
 
-// Status of hashing a buffer of token ids (any 1-D integer buffer) into its cumulative chunk digests.
-int64_t hash_tokens(PyObject* obj, size_t chunk, uint64_t seed, HashScratch& scratch, std::vector<uint64_t>& out) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_STRIDES) != 0) {
-        PyErr_Clear();
-        return INVALID_TOKENS;
-    }
-    int64_t status = OK;
-    const char* fmt = view.format ? view.format : "B";
-    while (*fmt == '@' || *fmt == '=' || *fmt == '<' || *fmt == '!' || *fmt == '>') ++fmt;
-    char code = fmt[0];
-    bool is_signed = code == 'b' || code == 'h' || code == 'i' || code == 'l' || code == 'q' || code == 'n';
-    bool is_unsigned = code == 'B' || code == 'H' || code == 'I' || code == 'L' || code == 'Q' || code == 'N';
-    if (view.ndim != 1 || fmt[1] != '\0' || !(is_signed || is_unsigned)) {
-        status = INVALID_TOKENS;
-    } else if (view.shape[0] == 0) {
-        status = EMPTY;
-    } else {
-        const char* base = static_cast<const char*>(view.buf);
-        size_t n = static_cast<size_t>(view.shape[0]);
-        Py_ssize_t stride = view.strides[0];
-        auto hash_as = [&](auto is_signed_type, auto is_unsigned_type) {
-            using S = decltype(is_signed_type);
-            using U = decltype(is_unsigned_type);
-            return is_signed ? hash_typed<S>(base, n, stride, chunk, seed, scratch, out)
-                             : hash_typed<U>(base, n, stride, chunk, seed, scratch, out);
-        };
-        bool ok;
-        switch (view.itemsize) {
-            case 8: ok = hash_as(int64_t{}, uint64_t{}); break;
-            case 4: ok = hash_as(int32_t{}, uint32_t{}); break;
-            case 2: ok = hash_as(int16_t{}, uint16_t{}); break;
-            case 1: ok = hash_as(int8_t{}, uint8_t{}); break;
-            default: ok = false;
-        }
-        if (!ok) status = INVALID_TOKENS;
-    }
-    PyBuffer_Release(&view);
-    return status;
-}
+// Buffers (array.array, numpy) read in place: 1-D, integer ids or hashes in native byte order. Anything else
+// (a big-endian dtype, floats, 2-D) gets NOT_IN_PLACE and goes the way the Python core takes it.
+constexpr int64_t NOT_IN_PLACE = 1;
 
-// The integer format of a 1-D buffer (array.array, numpy) as (itemsize, signed), or itemsize 0 for any other
-// buffer: those are read as a sequence, like the Python core's `array('Q', hashes)`.
 struct IntFormat {
-    size_t itemsize = 0;
+    size_t itemsize = 0;  // 0: not an integer buffer this code reads in place
     bool is_signed = false;
 };
 
 IntFormat int_format(const Py_buffer& view) {
     const char* fmt = view.format ? view.format : "B";
-    while (*fmt == '@' || *fmt == '=' || *fmt == '<') ++fmt;
+    while (*fmt == '@' || *fmt == '=' || *fmt == '<') ++fmt;  // native order (the build is little-endian)
     if (view.ndim != 1 || fmt[0] == '\0' || fmt[1] != '\0') return {};
     if (std::strchr("bhilqn", fmt[0])) return {static_cast<size_t>(view.itemsize), true};
     if (std::strchr("BHILQN", fmt[0])) return {static_cast<size_t>(view.itemsize), false};
     return {};
+}
+
+// `f(T{})` with T the integer type of that width and signedness; false for any other width.
+template <typename F>
+bool with_int_type(const IntFormat& format, F&& f) {
+    switch (format.itemsize) {
+        case 8: return format.is_signed ? f(int64_t{}) : f(uint64_t{});
+        case 4: return format.is_signed ? f(int32_t{}) : f(uint32_t{});
+        case 2: return format.is_signed ? f(int16_t{}) : f(uint16_t{});
+        case 1: return format.is_signed ? f(int8_t{}) : f(uint8_t{});
+        default: return false;
+    }
+}
+
+// Status of hashing a buffer of token ids into its cumulative chunk digests.
+int64_t hash_tokens(PyObject* obj, size_t chunk, uint64_t seed, HashScratch& scratch, std::vector<uint64_t>& out) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_STRIDES) != 0) {
+        PyErr_Clear();
+        return NOT_IN_PLACE;
+    }
+    IntFormat format = int_format(view);
+    int64_t status = NOT_IN_PLACE;
+    if (format.itemsize != 0 && view.shape[0] == 0) {
+        status = EMPTY;
+    } else if (format.itemsize != 0) {
+        const char* base = static_cast<const char*>(view.buf);
+        size_t n = static_cast<size_t>(view.shape[0]);
+        Py_ssize_t stride = view.strides[0];
+        bool ok = with_int_type(format, [&](auto type) {
+            return hash_typed<decltype(type)>(base, n, stride, chunk, seed, scratch, out);
+        });
+        status = ok ? OK : INVALID_TOKENS;
+    }
+    PyBuffer_Release(&view);
+    return status;
 }
 
 template <typename T>
@@ -312,35 +309,21 @@ bool read_typed(const char* base, size_t n, Py_ssize_t stride, uint64_t* out) {
     return ok;
 }
 
-// Status of reading a 1-D integer buffer of hashes in place (every value must lie in [0, 2**64)); NOT_A_BUFFER
-// sends anything else down the sequence path.
-constexpr int64_t NOT_A_BUFFER = 1;
-
+// Status of reading a buffer of hashes in place (every value must lie in [0, 2**64)).
 int64_t read_hash_buffer(PyObject* obj, std::vector<uint64_t>& out) {
     Py_buffer view;
     if (PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_STRIDES) != 0) {
         PyErr_Clear();
-        return NOT_A_BUFFER;
+        return NOT_IN_PLACE;
     }
     IntFormat format = int_format(view);
-    int64_t status = NOT_A_BUFFER;
+    int64_t status = NOT_IN_PLACE;
     if (format.itemsize != 0) {
         const char* base = static_cast<const char*>(view.buf);
         size_t n = static_cast<size_t>(view.shape[0]);
         Py_ssize_t stride = view.strides[0];
         out.resize(n);
-        auto read_as = [&](auto signed_type, auto unsigned_type) {
-            return format.is_signed ? read_typed<decltype(signed_type)>(base, n, stride, out.data())
-                                    : read_typed<decltype(unsigned_type)>(base, n, stride, out.data());
-        };
-        bool ok;
-        switch (format.itemsize) {
-            case 8: ok = read_as(int64_t{}, uint64_t{}); break;
-            case 4: ok = read_as(int32_t{}, uint32_t{}); break;
-            case 2: ok = read_as(int16_t{}, uint16_t{}); break;
-            case 1: ok = read_as(int8_t{}, uint8_t{}); break;
-            default: ok = false;
-        }
+        bool ok = with_int_type(format, [&](auto type) { return read_typed<decltype(type)>(base, n, stride, out.data()); });
         status = !ok ? BAD_HASH : n == 0 ? EMPTY : OK;
     }
     PyBuffer_Release(&view);
@@ -994,6 +977,11 @@ class Core {
         size_t chunk = static_cast<size_t>(chunk_size_);
         int64_t status = packed.is_valid() ? hash_packed(packed.ptr(), chunk, seed)
                                            : hash_tokens(source, chunk, seed, scratch_, hashes_);
+        if (status == NOT_IN_PLACE) {  // a buffer of another byte order, dtype or shape: as the Python core
+            packed = nb::steal(PyObject_CallOneArg(token_bytes_.ptr(), source));
+            if (!packed.is_valid()) throw nb::python_error();
+            status = hash_packed(packed.ptr(), chunk, seed);
+        }
         if (status == OK) status = insert(hashes_, when, has_arrival);
         return added(rid, status);
     }
@@ -1016,8 +1004,8 @@ class Core {
         bool has_arrival = read_arrival(arrival, when);
         int is_buffer = PyObject_IsInstance(hashes.ptr(), buffer_types_.ptr());
         if (is_buffer < 0) throw nb::python_error();
-        int64_t status = is_buffer ? read_hash_buffer(hashes.ptr(), hashes_) : NOT_A_BUFFER;
-        if (status == NOT_A_BUFFER) status = read_hashes(hashes.ptr(), hashes_);
+        int64_t status = is_buffer ? read_hash_buffer(hashes.ptr(), hashes_) : NOT_IN_PLACE;
+        if (status == NOT_IN_PLACE) status = read_hashes(hashes.ptr(), hashes_);
         if (status == OK && from_engine && !tails_indexed_ && !index_tail_chunks()) status = HASH_CHAIN;
         if (status == OK) status = insert(hashes_, when, has_arrival);
         return added(rid, status);
@@ -2293,6 +2281,7 @@ nb::list chunk_hashes(nb::handle tokens, int64_t chunk_size, uint64_t seed) {
     HashScratch scratch;
     std::vector<uint64_t> out;
     int64_t status = hash_tokens(tokens.ptr(), static_cast<size_t>(chunk_size), seed, scratch, out);
+    if (status == NOT_IN_PLACE) throw nb::value_error("not a 1-D integer buffer in native byte order");
     if (status != OK) throw nb::value_error(status == EMPTY ? "empty" : "invalid tokens");
     nb::list result;
     for (uint64_t h : out) result.append(h);
