@@ -273,28 +273,39 @@ bool with_int_type(const IntFormat& format, F&& f) {
     }
 }
 
+// A buffer's view for reading it in place (released on scope exit); `readable()` when it is a 1-D integer
+// buffer in native byte order.
+class IntBuffer {
+  public:
+    explicit IntBuffer(PyObject* obj) : held_(PyObject_GetBuffer(obj, &view_, PyBUF_FORMAT | PyBUF_STRIDES) == 0) {
+        if (held_) format = int_format(view_);
+        else PyErr_Clear();
+    }
+    ~IntBuffer() {
+        if (held_) PyBuffer_Release(&view_);
+    }
+    IntBuffer(const IntBuffer&) = delete;
+    IntBuffer& operator=(const IntBuffer&) = delete;
+    bool readable() const { return format.itemsize != 0; }
+    const char* base() const { return static_cast<const char*>(view_.buf); }
+    size_t size() const { return static_cast<size_t>(view_.shape[0]); }
+    Py_ssize_t stride() const { return view_.strides[0]; }
+    IntFormat format;
+
+  private:
+    Py_buffer view_;
+    bool held_;
+};
+
 // Status of hashing a buffer of token ids into its cumulative chunk digests.
 int64_t hash_tokens(PyObject* obj, size_t chunk, uint64_t seed, HashScratch& scratch, std::vector<uint64_t>& out) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_STRIDES) != 0) {
-        PyErr_Clear();
-        return NOT_IN_PLACE;
-    }
-    IntFormat format = int_format(view);
-    int64_t status = NOT_IN_PLACE;
-    if (format.itemsize != 0 && view.shape[0] == 0) {
-        status = EMPTY;
-    } else if (format.itemsize != 0) {
-        const char* base = static_cast<const char*>(view.buf);
-        size_t n = static_cast<size_t>(view.shape[0]);
-        Py_ssize_t stride = view.strides[0];
-        bool ok = with_int_type(format, [&](auto type) {
-            return hash_typed<decltype(type)>(base, n, stride, chunk, seed, scratch, out);
-        });
-        status = ok ? OK : INVALID_TOKENS;
-    }
-    PyBuffer_Release(&view);
-    return status;
+    IntBuffer ids(obj);
+    if (!ids.readable()) return NOT_IN_PLACE;
+    if (ids.size() == 0) return EMPTY;
+    bool ok = with_int_type(ids.format, [&](auto type) {
+        return hash_typed<decltype(type)>(ids.base(), ids.size(), ids.stride(), chunk, seed, scratch, out);
+    });
+    return ok ? OK : INVALID_TOKENS;
 }
 
 template <typename T>
@@ -311,23 +322,13 @@ bool read_typed(const char* base, size_t n, Py_ssize_t stride, uint64_t* out) {
 
 // Status of reading a buffer of hashes in place (every value must lie in [0, 2**64)).
 int64_t read_hash_buffer(PyObject* obj, std::vector<uint64_t>& out) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_STRIDES) != 0) {
-        PyErr_Clear();
-        return NOT_IN_PLACE;
-    }
-    IntFormat format = int_format(view);
-    int64_t status = NOT_IN_PLACE;
-    if (format.itemsize != 0) {
-        const char* base = static_cast<const char*>(view.buf);
-        size_t n = static_cast<size_t>(view.shape[0]);
-        Py_ssize_t stride = view.strides[0];
-        out.resize(n);
-        bool ok = with_int_type(format, [&](auto type) { return read_typed<decltype(type)>(base, n, stride, out.data()); });
-        status = !ok ? BAD_HASH : n == 0 ? EMPTY : OK;
-    }
-    PyBuffer_Release(&view);
-    return status;
+    IntBuffer hashes(obj);
+    if (!hashes.readable()) return NOT_IN_PLACE;
+    out.resize(hashes.size());
+    bool ok = with_int_type(hashes.format, [&](auto type) {
+        return read_typed<decltype(type)>(hashes.base(), hashes.size(), hashes.stride(), out.data());
+    });
+    return !ok ? BAD_HASH : out.empty() ? EMPTY : OK;
 }
 
 // Status of reading chunk hashes (any sequence of integers in [0, 2**64), like array('Q', ...)) into `out`.
