@@ -44,6 +44,13 @@ class TreeVsReference(RuleBasedStateMachine):
         assert [self.tree.prefix_hash(self.next_id, d) for d in range(1, len(hashes) + 1)] == hashes
         self.next_id += 1
 
+    @rule(tokens=prompts)
+    def insert_engine_hashes(self, tokens):
+        """The same chain as an engine's hashes (the compiled core then indexes every chunk of every tail)."""
+        hashes = chunk_hashes(tokens, CHUNK)
+        assert self.tree.insert_hashes(self.next_id, hashes) == self.ref.insert_hashes(self.next_id, hashes)
+        self.next_id += 1
+
     @rule(tokens=prompts, arrival=st.integers(-3, 3))
     def insert_with_arrival(self, tokens, arrival):
         hashes = chunk_hashes(tokens, CHUNK)
