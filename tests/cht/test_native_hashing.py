@@ -5,7 +5,7 @@ from array import array
 import numpy as np
 import pytest
 
-from sglang_feather.cht import InvalidTokens, PythonTree, chunk_hashes, namespace_seed
+from sglang_feather.cht import EmptyPrompt, InvalidTokens, PythonTree, chunk_hashes, namespace_seed
 
 
 @pytest.fixture
@@ -103,3 +103,37 @@ def test_read_words_is_the_xor_of_the_buffer(core, num_words):
 def test_read_words_refuses_strided_buffers(core):
     with pytest.raises(ValueError, match="contiguous"):
         core.read_words(np.arange(16, dtype=np.int64)[::2])
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        [1, 2, 3],
+        (1, 2, 3, 4, 5),
+        [2**32 - 1, 0],
+        [],
+        [-1],
+        [2**32],
+        [1, 2**70],
+        [1.5],
+        ["a"],
+        [-1, "a"],
+        ["a", -1],
+        [True, 2],
+        [np.int64(3), 4],
+        range(5),
+    ],
+    ids=repr,
+)
+def test_lists_are_read_like_token_bytes(native_cls, tokens):
+    """Lists and tuples of ints are packed in the core (other items and sequences go through `token_bytes`):
+    the same digests, or the same error, as the Python core."""
+    outcomes = []
+    for tree_cls in (PythonTree, native_cls):
+        tree = tree_cls(chunk_size=2)
+        try:
+            tree.insert("a", tokens)
+            outcomes.append(tree.path_hashes("a"))
+        except (InvalidTokens, EmptyPrompt) as err:
+            outcomes.append(type(err))
+    assert outcomes[0] == outcomes[1]

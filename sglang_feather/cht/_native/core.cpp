@@ -308,6 +308,25 @@ int64_t hash_tokens(PyObject* obj, size_t chunk, uint64_t seed, HashScratch& scr
     return ok ? OK : INVALID_TOKENS;
 }
 
+// A list or tuple of ints packed into u32 ids (what `token_bytes` does, without struct.pack): OK, EMPTY,
+// INVALID_TOKENS for an int outside [0, 2**32), or NOT_IN_PLACE for any other sequence, or an item that is not
+// exactly an int (those go through `token_bytes` itself).
+int64_t pack_list(PyObject* obj, std::vector<uint32_t>& ids) {
+    if (!PyList_CheckExact(obj) && !PyTuple_CheckExact(obj)) return NOT_IN_PLACE;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+    if (n == 0) return EMPTY;
+    PyObject** items = PySequence_Fast_ITEMS(obj);
+    ids.resize(static_cast<size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        if (!PyLong_CheckExact(items[i])) return NOT_IN_PLACE;
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(items[i], &overflow);
+        if (overflow != 0 || v < 0 || v > 0xFFFFFFFFLL) return INVALID_TOKENS;
+        ids[static_cast<size_t>(i)] = static_cast<uint32_t>(v);
+    }
+    return OK;
+}
+
 template <typename T>
 bool read_typed(const char* base, size_t n, Py_ssize_t stride, uint64_t* out) {
     bool ok = true;
@@ -962,7 +981,9 @@ class Core {
         PyObject* source = tokens.ptr();
         int is_buffer = PyObject_IsInstance(source, buffer_types_.ptr());
         if (is_buffer < 0) throw nb::python_error();
-        if (!is_buffer) {
+        int64_t listed = is_buffer ? NOT_IN_PLACE : pack_list(source, scratch_.ids);
+        if (listed == INVALID_TOKENS || listed == EMPTY) return added(rid, listed);
+        if (!is_buffer && listed == NOT_IN_PLACE) {
             packed = nb::steal(PyObject_CallOneArg(token_bytes_.ptr(), source));
             if (!packed.is_valid()) throw nb::python_error();
         }
@@ -976,8 +997,16 @@ class Core {
         double when = 0.0;
         bool has_arrival = read_arrival(arrival, when);
         size_t chunk = static_cast<size_t>(chunk_size_);
-        int64_t status = packed.is_valid() ? hash_packed(packed.ptr(), chunk, seed)
-                                           : hash_tokens(source, chunk, seed, scratch_, hashes_);
+        int64_t status;
+        if (packed.is_valid()) {
+            status = hash_packed(packed.ptr(), chunk, seed);
+        } else if (listed == OK) {
+            U32Tokens ids{reinterpret_cast<const unsigned char*>(scratch_.ids.data())};
+            cumulative_xxh64(ids, scratch_.ids.size(), chunk, seed, scratch_.lanes, hashes_);
+            status = OK;
+        } else {
+            status = hash_tokens(source, chunk, seed, scratch_, hashes_);
+        }
         if (status == NOT_IN_PLACE) {  // a buffer of another byte order, dtype or shape: as the Python core
             packed = nb::steal(PyObject_CallOneArg(token_bytes_.ptr(), source));
             if (!packed.is_valid()) throw nb::python_error();
