@@ -33,4 +33,4 @@ class HashChainError(CHTError, ValueError):
 
 
 class InvalidArrival(CHTError, ValueError):
-    """An arrival time that cannot be ordered (NaN)."""
+    """An arrival time that cannot be ordered: NaN, or not a number at all."""

@@ -91,6 +91,19 @@ def checked_hashes(hashes: Sequence[ChunkHash]) -> array:
         raise HashChainError(f"chunk hashes must be integers in [0, 2**64): {err}") from None
 
 
+def checked_arrival(request_id: RequestId, arrival: float | None) -> float | None:
+    """`arrival` as a float (None stays None); `InvalidArrival` for NaN or anything `float()` refuses."""
+    if arrival is None:
+        return None
+    try:
+        value = float(arrival)
+    except (TypeError, ValueError):
+        raise InvalidArrival(f"request {request_id!r} has arrival {arrival!r}, not a number") from None
+    if value != value:
+        raise InvalidArrival(f"request {request_id!r} has arrival NaN")
+    return value
+
+
 class PythonTree:
     """The pure-Python core (and the reference the compiled one is held to); see "how it works" above.
 
@@ -290,11 +303,10 @@ class PythonTree:
         hashes = checked_hashes(hashes)
         if not hashes:
             raise EmptyPrompt(f"request {request_id!r} has no chunks")
-        if arrival is not None and arrival != arrival:
-            raise InvalidArrival(f"request {request_id!r} has arrival NaN")
+        arrival = checked_arrival(request_id, arrival)
         path, num_existing = self._build_path(hashes)
         seq = next(self._seq)
-        req = TrackedRequest(request_id, path, float(seq) if arrival is None else float(arrival), seq)
+        req = TrackedRequest(request_id, path, float(seq) if arrival is None else arrival, seq)
         self._requests[request_id] = req
         for node in path:
             node.num_waiting += 1

@@ -995,7 +995,7 @@ class Core {
             if (PyErr_Occurred()) throw nb::python_error();
         }
         double when = 0.0;
-        bool has_arrival = read_arrival(arrival, when);
+        bool has_arrival = read_arrival(rid, arrival, when);
         size_t chunk = static_cast<size_t>(chunk_size_);
         int64_t status;
         if (packed.is_valid()) {
@@ -1031,7 +1031,7 @@ class Core {
     int64_t insert_hashes_as(nb::handle rid, nb::handle hashes, nb::handle arrival, bool from_engine) {
         refuse_duplicate(rid);
         double when = 0.0;
-        bool has_arrival = read_arrival(arrival, when);
+        bool has_arrival = read_arrival(rid, arrival, when);
         int is_buffer = PyObject_IsInstance(hashes.ptr(), buffer_types_.ptr());
         if (is_buffer < 0) throw nb::python_error();
         int64_t status = is_buffer ? read_hash_buffer(hashes.ptr(), hashes_) : NOT_IN_PLACE;
@@ -1279,14 +1279,21 @@ class Core {
     }
 
     // float(arrival) unless it is None.
-    static bool read_arrival(nb::handle arrival, double& out) {
+    // An arrival as a double (false for None); `InvalidArrival`, raised here, for anything float() refuses
+    // (NaN is refused later, by `insert`, as BAD_ARRIVAL).
+    bool read_arrival(nb::handle rid, nb::handle arrival, double& out) const {
         if (arrival.is_none()) return false;
         if (PyFloat_CheckExact(arrival.ptr())) {
             out = PyFloat_AS_DOUBLE(arrival.ptr());
             return true;
         }
         nb::object value = nb::steal(PyNumber_Float(arrival.ptr()));
-        if (!value.is_valid()) throw nb::python_error();
+        if (!value.is_valid()) {
+            PyErr_Clear();
+            PyErr_Format(invalid_arrival_error_.ptr(), "request %R has arrival %R, not a number", rid.ptr(),
+                         arrival.ptr());
+            throw nb::python_error();
+        }
         out = PyFloat_AS_DOUBLE(value.ptr());
         return true;
     }
