@@ -977,40 +977,26 @@ class Core {
     // included, with no Python frame.
     int64_t insert_id(nb::handle rid, nb::handle tokens, nb::handle ns, nb::handle arrival) {
         refuse_duplicate(rid);
-        nb::object packed;
         PyObject* source = tokens.ptr();
         int is_buffer = PyObject_IsInstance(source, buffer_types_.ptr());
         if (is_buffer < 0) throw nb::python_error();
+        // Ids that are not read in place are packed (and checked) before anything else, as the Python core
+        // checks them first: lists and tuples of ints here, any other sequence by `token_bytes`.
+        nb::object packed;
         int64_t listed = is_buffer ? NOT_IN_PLACE : pack_list(source, scratch_.ids);
         if (listed == INVALID_TOKENS || listed == EMPTY) return added(rid, listed);
-        if (!is_buffer && listed == NOT_IN_PLACE) {
-            packed = nb::steal(PyObject_CallOneArg(token_bytes_.ptr(), source));
-            if (!packed.is_valid()) throw nb::python_error();
-        }
-        uint64_t seed = 0;
-        if (!ns.is_none()) {
-            nb::object value = nb::steal(PyObject_CallOneArg(namespace_seed_.ptr(), ns.ptr()));
-            if (!value.is_valid()) throw nb::python_error();
-            seed = PyLong_AsUnsignedLongLong(value.ptr());
-            if (PyErr_Occurred()) throw nb::python_error();
-        }
+        if (!is_buffer && listed == NOT_IN_PLACE) packed = pack_tokens(source);
+        uint64_t seed = read_seed(ns);
         double when = 0.0;
         bool has_arrival = read_arrival(rid, arrival, when);
         size_t chunk = static_cast<size_t>(chunk_size_);
-        int64_t status;
+        int64_t status = is_buffer ? hash_tokens(source, chunk, seed, scratch_, hashes_) : OK;
+        if (status == NOT_IN_PLACE) packed = pack_tokens(source);  // another byte order, dtype or shape
         if (packed.is_valid()) {
             status = hash_packed(packed.ptr(), chunk, seed);
         } else if (listed == OK) {
             U32Tokens ids{reinterpret_cast<const unsigned char*>(scratch_.ids.data())};
             cumulative_xxh64(ids, scratch_.ids.size(), chunk, seed, scratch_.lanes, hashes_);
-            status = OK;
-        } else {
-            status = hash_tokens(source, chunk, seed, scratch_, hashes_);
-        }
-        if (status == NOT_IN_PLACE) {  // a buffer of another byte order, dtype or shape: as the Python core
-            packed = nb::steal(PyObject_CallOneArg(token_bytes_.ptr(), source));
-            if (!packed.is_valid()) throw nb::python_error();
-            status = hash_packed(packed.ptr(), chunk, seed);
         }
         if (status == OK) status = insert(hashes_, when, has_arrival);
         return added(rid, status);
@@ -1296,6 +1282,21 @@ class Core {
         }
         out = PyFloat_AS_DOUBLE(value.ptr());
         return true;
+    }
+
+    nb::object pack_tokens(PyObject* source) const {
+        nb::object packed = nb::steal(PyObject_CallOneArg(token_bytes_.ptr(), source));
+        if (!packed.is_valid()) throw nb::python_error();
+        return packed;
+    }
+
+    uint64_t read_seed(nb::handle ns) const {
+        if (ns.is_none()) return 0;
+        nb::object value = nb::steal(PyObject_CallOneArg(namespace_seed_.ptr(), ns.ptr()));
+        if (!value.is_valid()) throw nb::python_error();
+        uint64_t seed = PyLong_AsUnsignedLongLong(value.ptr());
+        if (PyErr_Occurred()) throw nb::python_error();
+        return seed;
     }
 
     // Digests of ids `token_bytes` already packed (and checked) as 4-byte little-endian words.
