@@ -40,10 +40,18 @@ PREFIX_OPTIONS = FeatherOptions(AdmissionConfig(stopper="always", chunk_size=CHU
 TOKENIZER = SimpleNamespace(eos_token_id=2, additional_stop_token_ids=None)
 """What `min_new_tokens` reads of the tokenizer the scheduler gives each request: the tiny model's EOS id."""
 
-NOT_PERMUTED = {"prefix_lens", "extend_lens", "extend_logprob_start_lens", "out_cache_loc"}
-"""Prefill-only lists: `merge_batch` does not concatenate them and `prepare_for_extend` rebuilds them, so on a
-merged running batch they are stale in SGLang itself (never read by a decode). And `out_cache_loc`: each
-decode allocates fresh KV slots in row order, so it is checked through the request-to-token table instead."""
+NOT_PERMUTED = {
+    "prefix_lens",
+    "extend_lens",
+    "extend_logprob_start_lens",
+    "extend_input_logprob_token_ids",
+    "out_cache_loc",
+}
+"""Prefill-only fields: `merge_batch` does not concatenate them and `prepare_for_extend` rebuilds them, so on a
+merged running batch they are stale in SGLang itself (never read by a decode);
+`extend_input_logprob_token_ids` is moreover one entry per prefilled token, not per request (it only looks
+per-request when every request prefilled one token). And `out_cache_loc`: each decode allocates fresh KV slots
+in row order, so it is checked through the request-to-token table instead."""
 
 
 @pytest.fixture(scope="module")
