@@ -19,7 +19,7 @@ from sglang_feather.cht.errors import (
 )
 from sglang_feather.cht.hashing import DEFAULT_CHUNK_SIZE, namespace_seed, token_bytes
 from sglang_feather.cht.nodes import RequestState
-from sglang_feather.cht.tree import Candidate
+from sglang_feather.cht.tree import Candidate, check_depth
 from sglang_feather.types import ChunkHash, RequestId
 
 # How it works. The C++ core numbers requests with u32 handles (reused after a request leaves). `NativeTree`
@@ -92,9 +92,7 @@ class NativeTree(_core.Core):
 
     def prefix_hash(self, request_id: RequestId, depth: int = 1) -> ChunkHash:
         handle = self._handle(request_id)
-        num_chunks = self._num_chunks(handle)
-        if not 1 <= depth <= num_chunks:
-            raise ValueError(f"depth must lie in [1, {num_chunks}] for request {request_id!r}, got {depth}")
+        check_depth(request_id, depth, self._num_chunks(handle))
         return self._prefix_hash(handle, depth)
 
     def num_missing(self, request_id: RequestId) -> int:

@@ -53,9 +53,8 @@ def run_stress(
                 rng.randrange(9) for _ in range(rng.randrange(6))
             ]
             hashes = chunk_hashes(tokens, chunk)
-            if (
-                op < num_ops // 2
-            ):  # token ids first, then an engine's hashes (the compiled core switches mode)
+            # Token ids first, then an engine's hashes (the compiled core then indexes every chunk).
+            if op < num_ops // 2:
                 tree.insert(next_id, tokens)
             else:
                 tree.insert_hashes(next_id, hashes)

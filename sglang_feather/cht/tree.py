@@ -91,6 +91,12 @@ def checked_hashes(hashes: Sequence[ChunkHash]) -> array:
         raise HashChainError(f"chunk hashes must be integers in [0, 2**64): {err}") from None
 
 
+def check_depth(request_id: RequestId, depth: int, num_chunks: int) -> None:
+    """`ValueError` unless `depth` names one of the request's prefixes (1 <= depth <= num_chunks)."""
+    if not 1 <= depth <= num_chunks:
+        raise ValueError(f"depth must lie in [1, {num_chunks}] for request {request_id!r}, got {depth}")
+
+
 def checked_arrival(request_id: RequestId, arrival: float | None) -> float | None:
     """`arrival` as a float (None stays None); `InvalidArrival` for NaN or anything `float()` refuses."""
     if arrival is None:
@@ -192,8 +198,7 @@ class PythonTree:
     def prefix_hash(self, request_id: RequestId, depth: int = 1) -> ChunkHash:
         """The hash that names the request's first `depth` chunks (`path_hashes(...)[depth - 1]`)."""
         path = self._get(request_id).path
-        if not 1 <= depth <= len(path):
-            raise ValueError(f"depth must lie in [1, {len(path)}] for request {request_id!r}, got {depth}")
+        check_depth(request_id, depth, len(path))
         return path[depth - 1].hash
 
     def num_missing(self, request_id: RequestId) -> int:

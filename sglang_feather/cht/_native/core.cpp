@@ -761,8 +761,8 @@ class Slab {
 // Private tails. The chunks of a new prompt below what the tree already knows belong to that one request
 // until another prompt shares them, so an insert makes them a single *tail* node: `span` chunks ending at
 // `depth`, always the last node of its owner's path (which repeats the tail's id once per chunk, so every
-// depth-indexed read of a path stays as it is), every chunk's hash in the index under the tail's id, the
-// hashes themselves in a `Tail` side slot. A tail behaves as one node of the logical tree: its counts are
+// depth-indexed read of a path stays as it is), its first chunk's hash in the index under the tail's id (the
+// later ones too once `tails_indexed_`), the hashes themselves in a `Tail` side slot. A tail behaves as one node of the logical tree: its counts are
 // its owner's, its candidate heap holds its owner's leaf entries, its parent keys it by its cached best, and
 // it is never in the working set of anyone but its owner, so it carries no global or stranger key. When
 // another insert matches k of its chunks, `split_tail` gives those k chunks ordinary nodes (the first keeps
@@ -1264,7 +1264,6 @@ class Core {
         }
     }
 
-    // float(arrival) unless it is None.
     // An arrival as a double (false for None); `InvalidArrival`, raised here, for anything float() refuses
     // (NaN is refused later, by `insert`, as BAD_ARRIVAL).
     bool read_arrival(nb::handle rid, nb::handle arrival, double& out) const {
@@ -2349,7 +2348,7 @@ NB_MODULE(_core, m) {
         .def_prop_ro("num_suspended", &Core::num_suspended)
         .def_prop_ro("num_nodes", &Core::num_nodes)
         .def_prop_ro("_num_tails", &Core::num_tails)
-        .def_prop_ro("_tails_indexed", [](const Core& c) { return c.tails_indexed(); })
+        .def_prop_ro("_tails_indexed", &Core::tails_indexed)
         .def_prop_ro("num_index_entries", &Core::num_index_entries)
         .def_prop_ro("shared_depth", &Core::shared_depth)
         .def("_bind", &Core::bind)
