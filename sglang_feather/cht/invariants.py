@@ -6,7 +6,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sglang_feather.cht.tree import ChunkedHashTree
+    from sglang_feather.cht.tree import PythonTree
 
 
 class InvariantError(AssertionError):
@@ -18,7 +18,7 @@ def _require(condition: bool, message: str) -> None:
         raise InvariantError(message)
 
 
-def check_tree(tree: ChunkedHashTree) -> None:
+def check_tree(tree: PythonTree) -> None:
     """Counts, paths, node registry, shared prefix, and the lower-bound property of every lazy heap entry."""
     from sglang_feather.cht.nodes import RequestState
 
@@ -44,12 +44,13 @@ def check_tree(tree: ChunkedHashTree) -> None:
         _require(node.num_waiting == num_waiting[id(node)], f"num_waiting wrong at depth {node.depth}")
         _require(node.num_active + node.num_waiting > 0, f"unreferenced node kept at depth {node.depth}")
     _check_shared(tree)
+    _check_cache(tree)
     _check_suspended(tree)
     _check_bounds(tree)
     _check_lower_bounds(tree)
 
 
-def _check_shared(tree: ChunkedHashTree) -> None:
+def _check_shared(tree: PythonTree) -> None:
     paths = [req.path for req in tree._active.values()]
     if not paths:
         _require(tree._shared is None, "shared prefix set with no running request")
@@ -60,7 +61,22 @@ def _check_shared(tree: ChunkedHashTree) -> None:
     _require(tree.shared_depth == depth, f"shared depth {tree.shared_depth}, recount says {depth}")
 
 
-def _check_suspended(tree: ChunkedHashTree) -> None:
+def _check_cache(tree: PythonTree) -> None:
+    """The cache tier is closed under prefixes, its child sets match it, and every node's flag follows it."""
+    cache, children = tree._cache, tree._cache_children
+    recount: dict = {}
+    for chunk_hash, parent in cache.items():
+        _require(parent is None or parent in cache, f"cached hash {chunk_hash!r} has an uncached parent")
+        if parent is not None:
+            recount.setdefault(parent, set()).add(chunk_hash)
+    _require(recount == children, "the cache tier's child sets disagree with its parents")
+    for node in tree._nodes.values():
+        above = node.parent.hash if node.depth > 1 else None
+        expected = cache.get(node.hash, ()) == above and (node.depth == 1 or node.parent.cached)
+        _require(node.cached == expected, f"cached flag wrong at depth {node.depth}")
+
+
+def _check_suspended(tree: PythonTree) -> None:
     from sglang_feather.cht.nodes import RequestState
 
     for rid, req in tree._suspended.items():
@@ -70,7 +86,7 @@ def _check_suspended(tree: ChunkedHashTree) -> None:
     _require(flagged == len(tree._suspended), "suspended flags disagree with the suspended map")
 
 
-def _check_bounds(tree: ChunkedHashTree) -> None:
+def _check_bounds(tree: PythonTree) -> None:
     """Every heap is bounded by the live items it indexes (the compaction thresholds)."""
     from sglang_feather.cht.nodes import COMPACT_MIN
 
@@ -88,22 +104,22 @@ def _check_bounds(tree: ChunkedHashTree) -> None:
     _require(len(tree._by_arrival) <= 2 * len(tree._requests) + COMPACT_MIN, "arrival order unbounded")
 
 
-def _check_lower_bounds(tree: ChunkedHashTree) -> None:
+def _check_lower_bounds(tree: PythonTree) -> None:
     """Every waiting, unsuspended request is findable through entries `_settle` keeps.
 
-    Tier 1: its leaf holds its own entry; each hop up to its working-set node holds an entry whose key is
-    exactly the child's cached `best` (anything else `_settle` discards) and that key bounds the request's;
-    the working-set node's live global entry bounds its missing count. Tier 2 (first node outside the working
-    set): the first node's arrival heap holds it and the node's live stranger entry bounds its arrival.
-    `oldest()`: the arrival order holds it.
+    Tier 1: its leaf holds its own entry; each hop up to its deepest covered node holds an entry whose key
+    is exactly the child's cached `best` (anything else `_settle` discards) and that key bounds the
+    request's; the covered node's live global entry bounds its rank. Tier 2 (uncovered first node): the first
+    node's arrival heap holds it and the node's live stranger entry bounds its arrival. `oldest()`: the
+    arrival order holds it.
     """
     from sglang_feather.cht.nodes import RequestState
 
     entries: dict[tuple[int, int], set[tuple]] = {}
     for node in [tree._root, *tree._nodes.values()]:
         for entry in node.candidates:
-            entries.setdefault((id(node), id(entry[4])), set()).add(entry[:3])
-    live_global = _live_entries(tree._global, 4, 3, "global_key")
+            entries.setdefault((id(node), id(entry[3])), set()).add(entry[:2])
+    live_global = _live_entries(tree._global, 5, 4, "global_key")
     live_strangers = _live_entries(tree._strangers, 3, 2, "stranger_key")
     for node in tree._nodes.values():
         _require(
@@ -121,7 +137,7 @@ def _check_lower_bounds(tree: ChunkedHashTree) -> None:
         _require(id(req) in in_order, f"{req.id!r} missing from the arrival order")
         key = req.key
         first = req.path[0]
-        if first.num_active == 0:
+        if not first.is_covered:
             _require(
                 (req.arrival, req.seq, req) in first.arrivals, f"{req.id!r} missing from its arrival heap"
             )
@@ -133,20 +149,20 @@ def _check_lower_bounds(tree: ChunkedHashTree) -> None:
         leaf = req.path[-1]
         _require(key in entries.get((id(leaf), id(req)), ()), f"no leaf entry for {req.id!r}")
         node = leaf
-        while node.num_active == 0:
+        while not node.is_covered:
             best = node.best
             _require(
-                best is not None and best[:3] <= key, f"cached best does not bound {req.id!r} at {node.depth}"
+                best is not None and best[:2] <= key, f"cached best does not bound {req.id!r} at {node.depth}"
             )
             _require(
-                best[:3] in entries.get((id(node.parent), id(node)), ()),
+                best[:2] in entries.get((id(node.parent), id(node)), ()),
                 f"{req.id!r} unreachable above depth {node.depth}",
             )
             node = node.parent
         bound = live_global.get(id(node))
         _require(
-            bound is not None and bound <= (key[0] - node.depth, *key[1:]),
-            f"no global entry bounds {req.id!r} (working-set node at depth {node.depth})",
+            bound is not None and bound <= (-node.depth, -(node.num_waiting + node.num_active), *key),
+            f"no global entry bounds {req.id!r} (covered node at depth {node.depth})",
         )
 
 

@@ -26,6 +26,7 @@ class PrefixNode:
         "global_key",
         "arrivals",
         "stranger_key",
+        "cached",
         "is_alive",
     )
 
@@ -45,7 +46,15 @@ class PrefixNode:
         """First-level nodes only: lazy min-heap of (arrival, seq, request) of the waiting requests below."""
         self.stranger_key: tuple[float, int] | None = None
         """First-level nodes only: key of this node's one live entry in the tree's stranger heap."""
+        self.cached = False
+        """The engine's KV cache holds this prefix (the cache tier says so, and so it does for the parent)."""
         self.is_alive = True
+
+    @property
+    def is_covered(self) -> bool:
+        """A running request holds this prefix or the engine's cache does: admitting a request through it
+        recomputes none of it."""
+        return self.num_active > 0 or self.cached
 
 
 class TrackedRequest:
@@ -60,8 +69,8 @@ class TrackedRequest:
         self.suspended = False
 
     @property
-    def key(self) -> tuple[int, float, int]:
-        return (len(self.path), self.arrival, self.seq)
+    def key(self) -> tuple[float, int]:
+        return (self.arrival, self.seq)
 
 
 _WAITING = RequestState.WAITING
@@ -70,26 +79,23 @@ COMPACT_MIN = 64
 
 
 def best_of(entry: tuple | None) -> tuple | None:
-    """A `best` cache value (num_chunks, arrival, seq, request) from a valid candidate entry."""
+    """A `best` cache value (arrival, seq, request) from a valid candidate entry (arrival, seq, push, item)."""
     if entry is None:
         return None
-    item = entry[4]
-    return (*entry[:3], item if item.__class__ is TrackedRequest else item.best[3])
+    item = entry[3]
+    return (*entry[:2], item if item.__class__ is TrackedRequest else item.best[2])
 
 
 def compacted(heap: list[tuple]) -> list[tuple]:
     """Entries that may still be valid, one per item, as a heap."""
     kept: dict[int, tuple] = {}
     for entry in heap:
-        item = entry[4]
+        item = entry[3]
         if item.__class__ is TrackedRequest:
             alive = item.state is _WAITING and not item.suspended
         else:
             alive = (
-                item.is_alive
-                and item.num_active == 0
-                and item.best is not None
-                and item.best[:3] == entry[:3]
+                item.is_alive and not item.is_covered and item.best is not None and item.best[:2] == entry[:2]
             )
         if alive and (id(item) not in kept or entry < kept[id(item)]):
             kept[id(item)] = entry
@@ -99,27 +105,28 @@ def compacted(heap: list[tuple]) -> list[tuple]:
 
 
 def compacted_global(heap: list[tuple]) -> list[tuple]:
-    """The live entry per working-set node (the one that matches the node's `global_key`)."""
+    """The live entry per covered node (the one that matches the node's `global_key`); entries are
+    (-depth, -num_waiting, arrival, seq, push, node)."""
     kept = {
-        id(entry[4]): entry
+        id(entry[5]): entry
         for entry in heap
-        if entry[:3] == entry[4].global_key and entry[4].is_alive and entry[4].num_active > 0
+        if entry[:4] == entry[5].global_key and entry[5].is_alive and entry[5].is_covered
     }
     compacted = list(kept.values())
     for entry in heap:
-        entry[4].global_key = None
+        entry[5].global_key = None
     for entry in compacted:
-        entry[4].global_key = entry[:3]
+        entry[5].global_key = entry[:4]
     heapq.heapify(compacted)
     return compacted
 
 
 def compacted_strangers(heap: list[tuple]) -> list[tuple]:
-    """The live entry per first-level node outside the working set (the one matching its `stranger_key`)."""
+    """The live entry per uncovered first-level node (the one matching its `stranger_key`)."""
     kept = {
         id(entry[3]): entry
         for entry in heap
-        if entry[:2] == entry[3].stranger_key and entry[3].is_alive and entry[3].num_active == 0
+        if entry[:2] == entry[3].stranger_key and entry[3].is_alive and not entry[3].is_covered
     }
     compacted = list(kept.values())
     for entry in heap:

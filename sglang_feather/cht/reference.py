@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sglang_feather.cht.errors import DuplicateRequest, EmptyPrompt, InvalidTransition, UnknownRequest
+from sglang_feather.cht.errors import (
+    DuplicateRequest,
+    EmptyPrompt,
+    HashChainError,
+    InvalidTransition,
+    UnknownRequest,
+)
 from sglang_feather.cht.nodes import RequestState
 from sglang_feather.cht.tree import Candidate
 from sglang_feather.types import ChunkHash, RequestId
@@ -20,6 +26,8 @@ class ReferenceTree:
         self.suspended: set[RequestId] = set()
         self.first_seen: dict[ChunkHash, int] = {}
         """A rank per hash, renewed when a hash is inserted while no tracked request holds it."""
+        self.cache: dict[ChunkHash, ChunkHash | None] = {}
+        """Cached hash -> its parent hash; closed under prefixes."""
         self._seq = 0
         self._num_seen = 0
 
@@ -79,6 +87,55 @@ class ReferenceTree:
     def resume_all(self) -> None:
         self.suspended.clear()
 
+    def cache_store(self, hashes: Sequence[ChunkHash], parent: ChunkHash | None = None) -> int:
+        if parent is not None and parent not in self.cache:
+            return 0
+        above, fresh = parent, {}
+        tracked = {}
+        for path in self.hashes.values():
+            for depth, h in enumerate(path):
+                tracked[h] = path[depth - 1] if depth else None
+        for h in hashes:
+            if h in fresh or self.cache.get(h, above) != above or tracked.get(h, above) != above:
+                raise HashChainError(h)
+            if h not in self.cache:
+                fresh[h] = above
+            above = h
+        self.cache.update(fresh)
+        return len(fresh)
+
+    def cache_remove(self, hashes: Sequence[ChunkHash]) -> int:
+        before = len(self.cache)
+        doomed = {h for h in hashes if h in self.cache}
+        while True:
+            more = {h for h, parent in self.cache.items() if parent in doomed and h not in doomed}
+            if not more:
+                break
+            doomed |= more
+        for h in doomed:
+            del self.cache[h]
+        return before - len(self.cache)
+
+    def cache_clear(self) -> None:
+        self.cache.clear()
+
+    def cached_depth(self, rid: RequestId) -> int:
+        depth, above = 0, None
+        for h in self.hashes[rid]:
+            if h not in self.cache or self.cache[h] != above:
+                break
+            depth, above = depth + 1, h
+        return depth
+
+    def running_depth(self, rid: RequestId) -> int:
+        working = self.working_set()
+        depth = 0
+        for h in self.hashes[rid]:
+            if h not in working:
+                break
+            depth += 1
+        return depth
+
     def ids(self, state: RequestState) -> list[RequestId]:
         return [rid for rid, s in self.states.items() if s is state]
 
@@ -86,8 +143,7 @@ class ReferenceTree:
         return {h for rid in self.ids(RequestState.ACTIVE) for h in self.hashes[rid]}
 
     def num_missing(self, rid: RequestId) -> int:
-        working = self.working_set()
-        return sum(h not in working for h in self.hashes[rid])
+        return len(self.hashes[rid]) - max(self.running_depth(rid), self.cached_depth(rid))
 
     def shared_depth(self) -> int:
         active = [self.hashes[rid] for rid in self.ids(RequestState.ACTIVE)]
@@ -101,15 +157,27 @@ class ReferenceTree:
     def eligible(self) -> list[RequestId]:
         return [rid for rid in self.ids(RequestState.WAITING) if rid not in self.suspended]
 
+    def covered_depth(self, rid: RequestId) -> int:
+        return max(self.running_depth(rid), self.cached_depth(rid))
+
     def best(self) -> Candidate | None:
-        """Tier 1: fewest missing among requests sharing a chunk with the working set; else FCFS."""
+        """Tier 1, requests with a covered first chunk: deepest covered prefix, then the most requests (waiting
+        or running) through it, then arrival; else FCFS."""
         eligible = self.eligible()
         if not eligible:
             return None
-        working = self.working_set()
-        sharing = [rid for rid in eligible if self.hashes[rid][0] in working]
+        covered = {rid: self.covered_depth(rid) for rid in eligible}
+        sharing = [rid for rid in eligible if covered[rid]]
         if sharing:
-            rid = min(sharing, key=lambda r: (self.num_missing(r), *self.order[r]))
+            paths = list(self.hashes.values())
+
+            def rank(rid: RequestId) -> tuple:
+                depth = covered[rid]
+                node = self.hashes[rid][depth - 1]
+                weight = sum(len(path) >= depth and path[depth - 1] == node for path in paths)
+                return (-depth, -weight, *self.order[rid])
+
+            rid = min(sharing, key=rank)
         else:
             rid = min(eligible, key=lambda r: self.order[r])
         return self.describe(rid)
@@ -143,4 +211,6 @@ class ReferenceTree:
             if after
             else 0
         )
-        return Candidate(rid, len(path), self.num_missing(rid), before, after, sharing)
+        running, cached = self.running_depth(rid), self.cached_depth(rid)
+        missing = len(path) - max(running, cached)
+        return Candidate(rid, len(path), missing, running, cached, before, after, sharing)

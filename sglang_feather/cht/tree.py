@@ -35,38 +35,46 @@ from sglang_feather.types import ChunkHash, RequestId
 # How it works.
 #
 # Every request is the path of its cumulative chunk hashes in a trie: node i of a path names the prefix
-# "chunks 0..i", so requests that share a prefix share the nodes. A node is *in the working set* while at
-# least one running (active) request passes through it (`num_active > 0`); that set is closed under
-# prefixes. A waiting request r of `n` chunks is covered up to its deepest working-set node `p`, so it misses
-# `n - depth(p)` chunks, and `p` is the same for every waiting request that leaves the working set below `p`.
-# Ranking has two tiers. Tier 1: the waiting requests that share at least one chunk with the working set
-# (p is not the root) rank by fewest missing chunks, then (arrival, seq). Tier 2, only when no waiting
-# request shares anything: first come, first served among these strangers, whatever their length (ranking
-# strangers by missing chunks would be shortest-prompt-first). Tier 1 = min over working-set nodes p of
-# [ shortest waiting request that leaves the working set right below p ] - depth(p). Each node keeps a lazy
-# min-heap `candidates` of (a) the waiting requests that end exactly there and (b) its children, keyed by
-# the child's cached `best` (the shortest, then earliest, waiting request in the child's subtree); a global
-# lazy heap holds one key per working-set node. Tier 2: each first-level node keeps a lazy heap of its
-# waiting requests by (arrival, seq), and a stranger heap holds one key per first-level node outside the
-# working set (pushed when the node leaves the working set or gains an earlier request). Activating a
-# request therefore touches only its own path: each node that enters the working set pushes ONE global
-# entry, whatever the number of waiting requests below it (no per-holder update; this is the trap of
-# updating every holder of every chunk, O(W x chunks) when a group's prefix arrives). Entries are never
-# updated in place: keys only ever under-estimate (removals raise true minima), so a popped entry is
-# checked, and if stale re-keyed and pushed again (the lazy lower-bound heap). A suspended request counts
-# everywhere but its entries read as stale, so it is passed over; `resume` publishes it again like an
-# insert. Every heap is compacted when its entries outnumber the live items below it by a constant factor,
-# so memory is bounded by the live requests. Shared-prefix depths use binary search along one path, since
-# `num_active` never grows with depth along a path.
+# "chunks 0..i", so requests that share a prefix share the nodes. A node is *covered* while a running request
+# passes through it (`num_active > 0`: the working set) or the engine's KV cache holds its prefix (`cached`, kept
+# from the engine's store / remove / clear events by the cache tier). Both sets are closed under prefixes, so
+# along any path the covered nodes are a prefix: a waiting request is covered up to its deepest covered node
+# `p`, and its prefill recomputes nothing above `p`. The cache tier holds every cached chunk hash with its
+# parent (a hash no tracked request holds costs one dict entry and nothing else); a node takes its `cached`
+# flag from it when the node is created and on every event that names it. Ranking has two tiers. Tier 1: the
+# waiting requests with a covered first chunk rank by deepest `p` first (the most prefill reused), then by the
+# number of requests through `p`, waiting or running (the heaviest group first, as SGLang's dfs-weight, and
+# admitting a request does not demote its group, so a pass keeps to one group), then by (arrival, seq). A request's own length enters nowhere, so short prompts do not jump ahead of long ones. Tier 2, only
+# when no waiting request is covered anywhere: first come, first served. Each node keeps a lazy min-heap
+# `candidates` of (a) the waiting requests that end exactly there and (b) its children, keyed by the child's
+# cached `best` (the earliest waiting request in the child's subtree); a global lazy heap holds one key per
+# covered node with waiting requests leaving coverage right below it. Tier 2: each first-level node keeps a
+# lazy heap of its waiting requests by (arrival, seq), and a stranger heap holds one key per uncovered
+# first-level node. A node that enters coverage (an activation, a cache store) pushes ONE global entry,
+# whatever the number of waiting requests below it; one that leaves it (a finish, an eviction) re-offers its
+# subtree to its parent. Entries are never updated in place: keys only ever under-estimate (removals raise
+# true minima), so a popped entry is checked, and if stale re-keyed and pushed again (the lazy lower-bound
+# heap); the one key that can fall, a node's request count, is re-pushed for the covered nodes of a path that
+# gains a request. A suspended request counts everywhere but its entries read as stale, so it is
+# passed over; `resume` publishes it again like an insert. Every heap is compacted when its entries outnumber
+# the live items below it by a constant factor, so memory is bounded by the live requests (and the cache tier
+# by the cache's size in chunks). Shared-prefix and coverage depths use binary search along one path, since
+# `num_active` never grows with depth along a path and the cached nodes are a prefix of it.
 
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """The best waiting request and what admitting it would do to the batch's shared prefix (in chunks)."""
+    """The best waiting request, how much of it is already computed, and what admitting it would do to the
+    batch's shared prefix (all in chunks)."""
 
     request_id: RequestId
     num_chunks: int
     num_missing: int
+    """Chunks neither a running request nor the engine's cache holds: what its prefill computes."""
+    depth_running: int
+    """Its longest prefix held by running requests (0: it shares nothing with the batch)."""
+    depth_cached: int
+    """Its longest prefix the engine's cache holds, as the cache tier knows it (0 without cache events)."""
     depth_before: int
     """Shared-prefix depth of the running batch now. A batch of one request shares nothing yet, so it has
     nothing to lose: then `depth_before == depth_after`; an empty batch gives the candidate's `num_chunks`."""
@@ -113,10 +121,11 @@ def checked_arrival(request_id: RequestId, arrival: float | None) -> float | Non
 class PythonTree:
     """The pure-Python core (and the reference the compiled one is held to); see "how it works" above.
 
-    Complexity (n = chunks of the request, W = waiting requests, d = nodes that change working-set
-    membership): insert O(n + log W); activate/deactivate/finish O(n + d log W); remove O(n);
-    best O(log n) amortised (a one-slot cache until the next mutation); suspend O(1); resume like an insert
-    without hashing. Every error leaves the tree unchanged.
+    Complexity (n = chunks of the request, W = waiting requests, d = nodes that change coverage, c = chunks
+    an event names): insert O(n + log W); activate/deactivate/finish O(n + d log W); remove O(n); best
+    O(log n) amortised (a one-slot cache until the next mutation); suspend O(1); resume like an insert without
+    hashing; cache_store / cache_remove O(c + d log W), O(1) per chunk no tracked request holds. Every error
+    leaves the tree unchanged.
     """
 
     def __init__(self, chunk_size: int = DEFAULT_CHUNK_SIZE):
@@ -128,6 +137,9 @@ class PythonTree:
         self._requests: dict[RequestId, TrackedRequest] = {}
         self._active: dict[RequestId, TrackedRequest] = {}
         self._suspended: dict[RequestId, TrackedRequest] = {}
+        self._cache: dict[ChunkHash, ChunkHash | None] = {}
+        """The cache tier: every chunk hash the engine's cache holds -> the hash of its parent prefix."""
+        self._cache_children: dict[ChunkHash, set[ChunkHash]] = {}
         self._global: list[tuple] = []
         self._strangers: list[tuple] = []
         self._by_arrival: list[tuple] = []
@@ -163,6 +175,11 @@ class PythonTree:
         return len(self._nodes)
 
     @property
+    def num_cached(self) -> int:
+        """Chunks the cache tier holds (whether or not a tracked request holds them)."""
+        return len(self._cache)
+
+    @property
     def num_index_entries(self) -> int:
         """Entries in every internal heap (a diagnostic: bounded by a constant times the live requests)."""
         total = len(self._global) + len(self._strangers) + len(self._by_arrival)
@@ -181,6 +198,10 @@ class PythonTree:
 
     def is_suspended(self, request_id: RequestId) -> bool:
         return self._get(request_id).suspended
+
+    def is_cached(self, chunk_hash: ChunkHash) -> bool:
+        """Whether the cache tier holds the prefix named by `chunk_hash`."""
+        return chunk_hash in self._cache
 
     def waiting_ids(self) -> Iterator[RequestId]:
         return (rid for rid, req in self._requests.items() if req.state is _WAITING)
@@ -202,9 +223,9 @@ class PythonTree:
         return path[depth - 1].hash
 
     def num_missing(self, request_id: RequestId) -> int:
-        """Chunks of the request's prompt not held by any running request."""
+        """Chunks of the request's prompt that neither a running request nor the engine's cache holds."""
         path = self._get(request_id).path
-        return len(path) - self._last_depth(path, len(path), 1)
+        return len(path) - _covered_depth(path)
 
     def num_holding(self, request_id: RequestId, depth: int) -> int:
         """Running requests that hold the first `depth` chunks of this request's prompt."""
@@ -316,6 +337,7 @@ class PythonTree:
         for node in path:
             node.num_waiting += 1
         self._publish(req, num_existing)
+        self._reweigh(path)
         self._best_valid = False
         return len(path)
 
@@ -332,10 +354,10 @@ class PythonTree:
         for depth, node in enumerate(path):
             node.num_waiting -= 1
             node.num_active += 1
-            if node.num_active == 1 and depth < first_entered:
+            if node.num_active == 1 and not node.cached and depth < first_entered:
                 first_entered = depth
-        # A node that enters the working set needs a global entry only if some waiting request leaves the
-        # working set right there (the others are counted at a deeper node of this path).
+        # A node that enters coverage needs a global entry only if some waiting request leaves coverage right
+        # there (the others are counted at a deeper node of this path).
         for depth in range(first_entered, len(path)):
             node = path[depth]
             below = path[depth + 1].num_waiting if depth + 1 < len(path) else 0
@@ -354,7 +376,7 @@ class PythonTree:
         self._push(leaf, req.key, req)
         self._push_arrival(req)
         self._leave_working_set(req)
-        if leaf.num_active > 0:
+        if leaf.is_covered:
             self._push_global(leaf)
         self._best_valid = False
 
@@ -416,6 +438,111 @@ class PythonTree:
         for request_id in list(self._suspended):
             self.resume(request_id)
 
+    # ----------------------------------------------------------------- the cache tier
+
+    def cache_store(self, hashes: Sequence[ChunkHash], parent: ChunkHash | None = None) -> int:
+        """The engine's cache now holds the chain `hashes` below the prefix `parent` (None: from the start):
+        each hash names the prefix one chunk longer than the one before. Returns the chunks newly cached.
+
+        A chain whose `parent` the cache tier does not hold is ignored (the engine could never match it: the
+        tier stays closed under prefixes). `HashChainError`, with nothing changed, when a hash is cached, or
+        in the tree, under another parent, or repeats within the chain."""
+        hashes = checked_hashes(hashes)
+        if parent is not None:
+            parent = checked_hashes([parent])[0]
+            if parent not in self._cache:
+                return 0
+        self._check_chain(hashes, parent)
+        entered: list[PrefixNode] = []
+        num_new = 0
+        above = parent
+        flagged = False
+        for chunk_hash in hashes:
+            if chunk_hash not in self._cache:
+                self._cache[chunk_hash] = above
+                if above is not None:
+                    self._cache_children.setdefault(above, set()).add(chunk_hash)
+                num_new += 1
+                node = self._nodes.get(chunk_hash)
+                if node is not None and (node.depth == 1 or node.parent.cached):
+                    node.cached = flagged = True
+                    if node.num_active == 0:
+                        entered.append(node)
+            above = chunk_hash
+        for node in entered:
+            if node.num_waiting:
+                self._push_global(node)
+        if flagged:
+            self._best_valid = False
+        return num_new
+
+    def cache_remove(self, hashes: Iterable[ChunkHash]) -> int:
+        """The engine evicted these prefixes (and so every cached prefix that extends them); hashes the tier
+        does not hold are ignored. Returns the chunks uncached."""
+        gone: list[ChunkHash] = []
+        for chunk_hash in hashes:
+            if chunk_hash in self._cache:
+                gone.extend(self._uncache_subtree(chunk_hash))
+        self._leave_cache(gone)
+        return len(gone)
+
+    def cache_clear(self) -> None:
+        """The engine's cache was emptied."""
+        gone = list(self._cache)
+        self._cache.clear()
+        self._cache_children.clear()
+        self._leave_cache(gone)
+
+    def _check_chain(self, hashes: array, parent: ChunkHash | None) -> None:
+        above = parent
+        seen = set()
+        for depth, chunk_hash in enumerate(hashes):
+            if chunk_hash in seen:
+                raise HashChainError(f"hash {chunk_hash!r} repeats within one cache_store chain")
+            seen.add(chunk_hash)
+            known = self._cache.get(chunk_hash, _NOT_CACHED)
+            if known is not _NOT_CACHED and known != above:
+                raise HashChainError(
+                    f"hash {chunk_hash!r} (chain position {depth}) is cached under another prefix: hashes are "
+                    "not cumulative or two prefixes collide"
+                )
+            node = self._nodes.get(chunk_hash)
+            if node is not None and (node.parent.hash if node.depth > 1 else None) != above:
+                raise HashChainError(
+                    f"hash {chunk_hash!r} (chain position {depth}) is in the tree under another prefix"
+                )
+            above = chunk_hash
+
+    def _uncache_subtree(self, chunk_hash: ChunkHash) -> list[ChunkHash]:
+        """Drop a cached hash and every cached hash below it from the tier; returns them."""
+        parent = self._cache.pop(chunk_hash)
+        if parent is not None:
+            siblings = self._cache_children[parent]
+            siblings.discard(chunk_hash)
+            if not siblings:
+                del self._cache_children[parent]
+        gone = [chunk_hash]
+        stack = [chunk_hash]
+        while stack:
+            for child in self._cache_children.pop(stack.pop(), ()):
+                del self._cache[child]
+                gone.append(child)
+                stack.append(child)
+        return gone
+
+    def _leave_cache(self, hashes: list[ChunkHash]) -> None:
+        """Tree nodes of uncached hashes lose their flag; those that leave coverage re-offer their subtree."""
+        left = []
+        for chunk_hash in hashes:
+            node = self._nodes.get(chunk_hash)
+            if node is not None and node.cached:
+                node.cached = False
+                self._best_valid = False
+                if node.num_active == 0:
+                    left.append(node)
+        left.sort(key=lambda node: node.depth, reverse=True)
+        self._reoffer(left)
+
     # ----------------------------------------------------------------- internals: paths and counts
 
     def _get(self, request_id: RequestId) -> TrackedRequest:
@@ -434,7 +561,8 @@ class PythonTree:
         """The nodes for `hashes` and how many already existed; refuses anything that is not one chain.
 
         Existing nodes must form a prefix of the list, each the child of the one before (so a hash known at
-        another depth or under another parent is refused), and the rest must be new and distinct.
+        another depth or under another parent is refused), and the rest must be new and distinct. A new node
+        is cached when the cache tier holds its hash under its parent's and its parent is cached.
         """
         nodes = self._nodes
         path: list[PrefixNode] = []
@@ -457,8 +585,12 @@ class PythonTree:
                 "a hash repeats or skips a level within one request: hashes are not cumulative"
             )
         serial = self._serial
+        cache = self._cache
+        cached = parent is self._root or parent.cached
         for depth, chunk_hash in enumerate(fresh, start=num_existing + 1):
+            cached = cached and cache.get(chunk_hash, _NOT_CACHED) == parent.hash
             parent = nodes[chunk_hash] = PrefixNode(chunk_hash, parent, depth, next(serial))
+            parent.cached = cached
             path.append(parent)
         return path, num_existing
 
@@ -519,26 +651,41 @@ class PythonTree:
         self._shared = path[depth - 1] if depth else self._root
 
     def _leave_working_set(self, req: TrackedRequest) -> None:
-        """Drop a running request's references; nodes that leave the working set re-offer their waiting subtree."""
+        """Drop a running request's references; nodes that leave coverage re-offer their waiting subtree."""
         del self._active[req.id]
         left = []
         for node in req.path:
             node.num_active -= 1
-            if node.num_active == 0:
+            if node.num_active == 0 and not node.cached:
                 left.append(node)
-        for node in reversed(left):
+        left.reverse()
+        self._reoffer(left)
+        self._update_shared_after_leave()
+
+    def _reoffer(self, left: list[PrefixNode]) -> None:
+        """Nodes that just left coverage, deepest first: each re-offers its subtree's best to its parent,
+        which gets a global entry when it is still covered (a stranger entry at the first level)."""
+        for node in left:
             if node.num_waiting == 0:
                 node.best = None
                 continue
             best = self._refresh(node)
-            if best is not None and node.depth > 1:
-                self._push(node.parent, best[:3], node)
-        if left and left[0].num_waiting:
-            if left[0].depth > 1:
-                self._push_global(left[0].parent)  # still in the working set (prefix-closed)
-            else:
-                self._push_stranger(left[0])
-        self._update_shared_after_leave()
+            if node.depth == 1:
+                self._push_stranger(node)
+                continue
+            if best is not None:
+                self._push(node.parent, best[:2], node)
+            if node.parent.is_covered:
+                self._push_global(node.parent)
+
+    def _reweigh(self, path: list[PrefixNode]) -> None:
+        """The covered nodes of `path` gained a request: their global keys (which count the requests through
+        them) fell, so re-push the ones that have an entry."""
+        for node in path:
+            if not node.is_covered:
+                return
+            if node.global_key is not None:
+                self._push_global(node)
 
     # ----------------------------------------------------------------- internals: the lazy heaps
 
@@ -553,18 +700,19 @@ class PythonTree:
         self._offer(req, num_existing)
         self._push_arrival(req)
         first = req.path[0]
-        if first.num_active == 0:
-            key = (req.arrival, req.seq)
+        if not first.is_covered:
+            key = req.key
             if first.stranger_key is None or key < first.stranger_key:
                 self._push_stranger_key(first, key)
 
     def _offer(self, req: TrackedRequest, num_existing: int) -> None:
         """Publish a waiting request for tier 1: terminal entry at its leaf, then cached bests upwards.
 
-        Nodes created for this request hold only it, so their heaps are built directly. Above them, a cached
-        `best` (even one whose request has left) is a lower bound of its subtree's true minimum, so the walk
-        stops at the first node whose cached key is already <= ours, at a working-set node (which gets a
-        global entry), or at the first level (whose entry waits until the node enters the working set).
+        Nodes created for this request hold only it, so their heaps are built directly; the deepest covered
+        one (a cached prefix) gets the global entry. Above them, a cached `best` (even one whose request has
+        left) is a lower bound of its subtree's true minimum, so the walk stops at the first node whose cached
+        key is already <= ours, at a covered node (which gets a global entry), or at the first level (whose
+        entry waits until the node is covered).
         """
         key = req.key
         path = req.path
@@ -575,16 +723,20 @@ class PythonTree:
                 node.candidates = [(*key, next(self._push_id), below)]
                 node.best = best
                 below = node
+            if num_existing:
+                self._push(path[num_existing - 1], key, below)
+            if path[num_existing].cached:
+                self._push_global(path[_covered_depth(path) - 1])
+                return
             if num_existing == 0:
                 return
             node = path[num_existing - 1]
-            self._push(node, key, below)
         else:
             node = path[-1]
             self._push(node, key, req)
-        while node.num_active == 0:
+        while not node.is_covered:
             best = node.best
-            if best is not None and best[:3] <= key:
+            if best is not None and best[:2] <= key:
                 return
             node.best = (*key, req)
             if node.depth == 1:
@@ -593,11 +745,17 @@ class PythonTree:
             node = node.parent
         self._push_global(node)
 
+    def _global_key(self, node: PrefixNode, top: tuple) -> tuple:
+        """Tier-1 rank of the requests leaving coverage right below `node`: deepest first, then the most
+        requests through it (waiting or running: admitting one does not demote its group), then the earliest
+        of them."""
+        return (-node.depth, -(node.num_waiting + node.num_active), top[0], top[1])
+
     def _push_global(self, node: PrefixNode) -> None:
         top = self._settle(node)
         if top is None:
             return
-        key = (top[0] - node.depth, top[1], top[2])
+        key = self._global_key(node, top)
         if node.global_key is not None and node.global_key <= key:
             return
         node.global_key = key
@@ -618,7 +776,7 @@ class PythonTree:
             self._by_arrival = compacted_arrivals(self._by_arrival)
 
     def _push_stranger(self, first: PrefixNode) -> None:
-        """A first-level node outside the working set: make sure the stranger heap bounds its earliest request."""
+        """An uncovered first-level node: make sure the stranger heap bounds its earliest request."""
         top = self._settle_arrivals(first)
         if top is not None and (first.stranger_key is None or top[:2] < first.stranger_key):
             self._push_stranger_key(first, top[:2])
@@ -653,17 +811,17 @@ class PythonTree:
             blocked = None
             while heap:
                 entry = heap[0]
-                item = entry[4]
+                item = entry[3]
                 if item.__class__ is TrackedRequest:
                     if item.state is _WAITING and not item.suspended:
                         break
                 elif (
                     item.is_alive
-                    and item.num_active == 0
+                    and not item.is_covered
                     and item.best is not None
-                    and item.best[:3] == entry[:3]
+                    and item.best[:2] == entry[:2]
                 ):
-                    best_req = item.best[3]
+                    best_req = item.best[2]
                     if best_req.state is _WAITING and not best_req.suspended:
                         break
                     blocked = item
@@ -679,7 +837,7 @@ class PythonTree:
                 return top
             current.best = best_of(top)
             if current.best is not None:
-                self._push(stack[-1], current.best[:3], current)
+                self._push(stack[-1], current.best[:2], current)
 
     def _refresh(self, node: PrefixNode) -> tuple | None:
         """Recompute `node.best` from its candidates."""
@@ -693,11 +851,11 @@ class PythonTree:
         heap = self._global
         while heap:
             entry = heap[0]
-            node = entry[4]
-            if entry[:3] != node.global_key:
+            node = entry[5]
+            if entry[:4] != node.global_key:
                 heapq.heappop(heap)  # superseded by the node's newer, smaller entry (or no longer needed)
                 continue
-            if not node.is_alive or node.num_active == 0:
+            if not node.is_alive or not node.is_covered:
                 node.global_key = None
                 heapq.heappop(heap)
                 continue
@@ -706,12 +864,12 @@ class PythonTree:
                 node.global_key = None
                 heapq.heappop(heap)
                 continue
-            key = (top[0] - node.depth, top[1], top[2])
+            key = self._global_key(node, top)
             if key != node.global_key:
                 node.global_key = key
                 heapq.heapreplace(heap, (*key, next(self._push_id), node))
                 continue
-            return best_of(top)[3]
+            return best_of(top)[2]
         return None
 
     def _pop_stranger(self) -> TrackedRequest | None:
@@ -722,7 +880,7 @@ class PythonTree:
             if entry[:2] != first.stranger_key:
                 heapq.heappop(heap)
                 continue
-            if not first.is_alive or first.num_active > 0:
+            if not first.is_alive or first.is_covered:
                 first.stranger_key = None
                 heapq.heappop(heap)
                 continue
@@ -741,14 +899,17 @@ class PythonTree:
     def _describe(self, req: TrackedRequest) -> Candidate:
         path = req.path
         num_active = len(self._active)
+        cached = _cached_depth(path)
         if num_active == 0:
-            before = after = missing = len(path)
+            before = after = len(path)
+            running = 0
         else:
             after = self._last_depth(path, min(len(path), self.shared_depth), num_active)
             before = self.shared_depth if num_active > 1 else after
-            missing = len(path) - self._last_depth(path, len(path), 1)
+            running = self._last_depth(path, len(path), 1)
+        missing = len(path) - max(running, cached)
         sharing = path[after - 1].num_waiting - 1 if after else 0
-        return Candidate(req.id, len(path), missing, before, after, sharing)
+        return Candidate(req.id, len(path), missing, running, cached, before, after, sharing)
 
     # ----------------------------------------------------------------- invariants
 
@@ -757,3 +918,30 @@ class PythonTree:
         from sglang_feather.cht.invariants import check_tree
 
         check_tree(self)
+
+
+_NOT_CACHED = object()
+
+
+def _cached_depth(path: list[PrefixNode]) -> int:
+    """Largest d with path[d-1].cached (0 if none): the cached nodes are a prefix of every path."""
+    lo, hi = 0, len(path)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if path[mid - 1].cached:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _covered_depth(path: list[PrefixNode]) -> int:
+    """Largest d with path[d-1] covered (0 if none): the covered nodes are a prefix of every path."""
+    lo, hi = 0, len(path)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if path[mid - 1].is_covered:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -67,7 +67,9 @@ class TestTiers:
             tree.insert_hashes(i, chain(i % 2, 3 + i, tail_id=i, shared=2), arrival=float(10 - i))
         tree.activate(4)
         tree.activate(1)
-        assert tree.best().request_id == 0, "shares group 0 with request 4; fewest missing (1 of 3)"
+        assert tree.best().request_id == 2, (
+            "covered to depth 2 like 3, but group 0 has two waiting: its earlier"
+        )
         tree.finish(4)
         tree.finish(1)
         assert tree.best().request_id == 3, "all strangers again: the earliest arrival (7.0)"
@@ -90,7 +92,7 @@ class TestSuspend:
         tree.suspend("a")
         assert tree.is_suspended("a") and tree.num_suspended == 1
         assert tree.state("a") is RequestState.WAITING
-        assert tree.best() == Candidate("b", 12, 2, 10, 10, 1), "w still counts the suspended request"
+        assert tree.best() == Candidate("b", 12, 2, 10, 0, 10, 10, 1), "w still counts the suspended request"
         assert tree.candidate("a").num_missing == 1 and tree.num_missing("a") == 1
         assert tree.oldest() == "b"
         tree.suspend("b")

@@ -14,7 +14,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from sglang_feather.cht import InvalidTransition, PythonTree, RequestState, chunk_hashes
+from sglang_feather.cht import HashChainError, InvalidTransition, PythonTree, RequestState, chunk_hashes
 from sglang_feather.cht.reference import ReferenceTree
 
 CHUNK = 2
@@ -92,6 +92,44 @@ class TreeVsReference(RuleBasedStateMachine):
         else:
             getattr(self.tree, call)(rid)
 
+    @rule(tokens=prompts, data=st.data())
+    def cache_store(self, tokens, data):
+        """The engine caches a prefix of a prompt (tracked or not), from its start or below a cached prefix."""
+        hashes = chunk_hashes(tokens, CHUNK)
+        end = data.draw(st.integers(1, len(hashes)))
+        start = data.draw(st.integers(0, end - 1))
+        parent = hashes[start - 1] if start else None
+        assert self.tree.cache_store(hashes[start:end], parent) == self.ref.cache_store(
+            hashes[start:end], parent
+        )
+        assert self.tree.num_cached == len(self.ref.cache)
+
+    @precondition(lambda self: self.ref.cache)
+    @rule(data=st.data())
+    def cache_remove(self, data):
+        """The engine evicts cached prefixes (their extensions go too); unknown hashes are ignored."""
+        doomed = data.draw(st.lists(st.sampled_from(sorted(self.ref.cache)), min_size=1, max_size=3))
+        doomed.append(12345)
+        assert self.tree.cache_remove(doomed) == self.ref.cache_remove(doomed)
+
+    @precondition(lambda self: self.ref.cache)
+    @rule()
+    def cache_clear(self):
+        self.tree.cache_clear()
+        self.ref.cache_clear()
+        assert self.tree.num_cached == 0
+
+    @precondition(lambda self: self.ref.cache)
+    @rule(data=st.data())
+    def refused_cache_chain(self, data):
+        """A cached hash offered under another parent is refused and changes nothing."""
+        chunk_hash = data.draw(st.sampled_from(sorted(self.ref.cache)))
+        chain = [chunk_hash] if self.ref.cache[chunk_hash] is not None else [chunk_hash ^ 1, chunk_hash]
+        before = self.tree.num_cached
+        with pytest.raises(HashChainError):
+            self.tree.cache_store(chain)
+        assert self.tree.num_cached == before
+
     @precondition(lambda self: self.ref.states)
     @rule(data=st.data())
     def prefix_order(self, data):
@@ -153,6 +191,7 @@ class TreeVsReference(RuleBasedStateMachine):
         assert self.tree.num_waiting == len(self.ref.ids(RequestState.WAITING))
         assert self.tree.num_suspended == len(self.ref.suspended)
         assert self.tree.oldest() == self.ref.oldest()
+        assert self.tree.num_cached == len(self.ref.cache)
 
 
 MAX_EXAMPLES = 100 if os.environ.get("FEATHER_TEST_FAST") == "1" else 300
