@@ -9,6 +9,13 @@
 // names), so the two cores give identical results; tests run both against the reference model. One
 // difference in representation: the chunks only one request holds, at the end of its path, are one *tail*
 // node here until another prompt shares them (see `Node`), where tree.py has a node per chunk.
+// The cache tier (see `CacheTier`) mirrors tree.py's: the chunk hashes the engine's KV cache holds, each with
+// its parent, fed by store / remove / clear events and independent of the tree (a hash no tracked request
+// holds costs one table slot and one entry, no node). A node is *covered* while a running request holds it or
+// it is `cached` (the tier holds its prefix); ranking is by the deepest covered prefix, then the number of
+// requests through it, then arrival (tree.py's "how it works"). Cached chunks are always ordinary nodes,
+// never part of a tail: an insert ends its cached chunks' run of nodes before the tail starts, and a store
+// that names chunks inside a live tail splits the tail there first.
 // Prompts are hashed here (xxh64 over 4-byte little-endian token ids, one digest per chunk boundary, the same
 // digests as the xxhash package) straight from the caller's buffer.
 
@@ -350,47 +357,75 @@ int64_t read_hash_buffer(PyObject* obj, std::vector<uint64_t>& out) {
     return !ok ? BAD_HASH : out.empty() ? EMPTY : OK;
 }
 
+// Clears the Python error a refused hash list raised when it is one `checked_hashes` turns into HashChainError
+// (TypeError, OverflowError, ValueError); any other error (an iterator's own) propagates, as it does there.
+void clear_refusal() {
+    if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(PyExc_OverflowError) &&
+        !PyErr_ExceptionMatches(PyExc_ValueError))
+        throw nb::python_error();
+    PyErr_Clear();
+}
+
+// One chunk hash: an int (or anything with __index__) in [0, 2**64), as array('Q', ...) takes it; false, with
+// no Python error set, for anything else.
+bool read_hash(PyObject* item, uint64_t& out) {
+    unsigned long long v;
+    if (PyLong_CheckExact(item)) {
+        v = PyLong_AsUnsignedLongLong(item);
+    } else {
+        PyObject* index = PyNumber_Index(item);
+        if (index == nullptr) {
+            clear_refusal();
+            return false;
+        }
+        v = PyLong_AsUnsignedLongLong(index);
+        Py_DECREF(index);
+    }
+    if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+        clear_refusal();
+        return false;
+    }
+    out = v;
+    return true;
+}
+
 // Status of reading chunk hashes (any sequence of integers in [0, 2**64), like array('Q', ...)) into `out`.
 int64_t read_hashes(PyObject* obj, std::vector<uint64_t>& out) {
-    if (PyBytes_Check(obj) || PyByteArray_Check(obj)) return BAD_HASH;  // array('Q', b"...") refuses them too
+    // array('Q', ...) refuses bytes and str too (even empty ones)
+    if (PyBytes_Check(obj) || PyByteArray_Check(obj) || PyUnicode_Check(obj)) return BAD_HASH;
     PyObject* seq = PySequence_Fast(obj, "hashes must be a sequence");
     if (seq == nullptr) {
-        PyErr_Clear();
+        clear_refusal();
         return BAD_HASH;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject** items = PySequence_Fast_ITEMS(seq);
     out.resize(static_cast<size_t>(n));
     int64_t status = n == 0 ? EMPTY : OK;
-    for (Py_ssize_t i = 0; i < n && status == OK; ++i) {
-        PyObject* item = items[i];
-        unsigned long long v;
-        if (PyLong_CheckExact(item)) {
-            v = PyLong_AsUnsignedLongLong(item);
-        } else {
-            PyObject* index = PyNumber_Index(item);
-            if (index == nullptr) {
-                PyErr_Clear();
-                status = BAD_HASH;
-                break;
-            }
-            v = PyLong_AsUnsignedLongLong(index);
-            Py_DECREF(index);
-        }
-        if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
-            PyErr_Clear();
-            status = BAD_HASH;
-            break;
-        }
-        out[static_cast<size_t>(i)] = v;
-    }
+    for (Py_ssize_t i = 0; i < n && status == OK; ++i)
+        if (!read_hash(items[i], out[static_cast<size_t>(i)])) status = BAD_HASH;
     Py_DECREF(seq);
     return status;
 }
 
+// A key to look up as a chunk hash the way a dict of int hashes would (tree.py's `h in self._cache`): ints,
+// anything with __index__, and integral floats in [0, 2**64); false for any other hashable, which can name no
+// cached hash. Raises Python's TypeError for an unhashable item, as the dict lookup does.
+bool lookup_hash(PyObject* item, uint64_t& out) {
+    if (PyFloat_Check(item)) {
+        double v = PyFloat_AS_DOUBLE(item);
+        if (!(v >= 0.0 && v < 18446744073709551616.0) || std::floor(v) != v) return false;
+        out = static_cast<uint64_t>(v);
+        return true;
+    }
+    if (PyLong_Check(item) || PyIndex_Check(item)) return read_hash(item, out);
+    if (PyObject_Hash(item) == -1) throw nb::python_error();
+    return false;
+}
+
 // ------------------------------------------------------------------------------------------- keys
 
-struct Key {  // (num_chunks, arrival, seq), or (num_missing, arrival, seq) in the global heap
+struct Key {  // global heap: (-(depth << 32 | requests through the node), arrival, seq); strangers: (0, arrival, seq)
     int64_t n;
     double a;
     uint64_t s;
@@ -404,7 +439,7 @@ struct Key {  // (num_chunks, arrival, seq), or (num_missing, arrival, seq) in t
     bool operator<=(const Key& o) const { return !(o < *this); }
 };
 
-struct AKey {  // (arrival, seq)
+struct AKey {  // (arrival, seq): a request's key, and a node's cached best
     double a;
     uint64_t s;
     bool operator<(const AKey& o) const { return a != o.a ? a < o.a : s < o.s; }
@@ -414,7 +449,7 @@ struct AKey {  // (arrival, seq)
 };
 
 struct CEntry {  // node candidate: a waiting request ending here, or a child keyed by its cached best
-    Key k;
+    AKey k;
     uint64_t push;
     uint32_t item;
     uint32_t gen;
@@ -668,6 +703,12 @@ class HashIndex {
 
     size_t size() const { return live_; }
 
+    void clear() {
+        ZeroedArray<Slot> fresh(64);
+        fresh.swap(slots_);
+        size_ = live_ = 0;
+    }
+
     size_t count_live() const {
         size_t n = 0;
         for (const Slot& s : slots_) n += s.val != VACANT && live(s);
@@ -752,6 +793,127 @@ class Slab {
     size_t size_ = 0;
 };
 
+// ------------------------------------------------------------------------------------------- the cache tier
+
+// What the engine's KV cache holds, as its store / remove / clear events tell it: chunk hash -> the entry of its
+// parent prefix (none for a prompt's first chunk), closed under prefixes, independent of the tree (tree.py's
+// `_cache` and `_cache_children`). Each entry lists its children (intrusive and doubly linked), so an
+// eviction cascades to every cached prefix that extends it with no lookup per child and unlinks in O(1).
+// Entries sit in a dense array with a free list (u32 ids; id 0 is never used, as the index reads a slot
+// holding 0 as empty) behind a `HashIndex` whose generations never change, so every entry is live and a
+// removal erases its slot at once.
+class CacheTier {
+  public:
+    struct Entry {
+        uint64_t hash = 0;
+        uint32_t parent = NIL;  // NIL: a prompt's first chunk
+        uint32_t first_child = NIL, next = NIL, prev = NIL;  // `next` / `prev`: siblings under `parent`
+        bool used = false;
+    };
+
+    CacheTier() : index_(gens_) {
+        entries_.emplace_back();
+        gens_.push_back(0);
+    }
+    CacheTier(const CacheTier&) = delete;
+    CacheTier& operator=(const CacheTier&) = delete;
+
+    size_t size() const { return index_.size(); }
+    uint32_t find(uint64_t hash) const { return index_.find(hash); }
+    const Entry& operator[](uint32_t id) const { return entries_[id]; }
+
+    // Whether entry `id`'s parent prefix is `above` (has_above false: none, it is a first chunk).
+    bool parent_is(uint32_t id, bool has_above, uint64_t above) const {
+        uint32_t p = entries_[id].parent;
+        return p == NIL ? !has_above : has_above && entries_[p].hash == above;
+    }
+
+    // A new entry for `hash` (not held) below entry `parent` (NIL: none); its id.
+    uint32_t add(uint64_t hash, uint32_t parent) {
+        uint32_t id;
+        if (!free_.empty()) {
+            id = free_.back();
+            free_.pop_back();
+        } else {
+            id = static_cast<uint32_t>(entries_.size());
+            entries_.emplace_back();
+            gens_.push_back(0);
+        }
+        Entry& e = entries_[id];
+        e = Entry{hash, parent, NIL, NIL, NIL, true};
+        if (parent != NIL) {
+            Entry& p = entries_[parent];
+            e.next = p.first_child;
+            if (p.first_child != NIL) entries_[p.first_child].prev = id;
+            p.first_child = id;
+        }
+        index_.insert(hash, id);
+        return id;
+    }
+
+    // Drops entry `id` and every entry below it; appends their hashes to `gone`.
+    void remove_subtree(uint32_t id, std::vector<uint64_t>& gone) {
+        Entry& e = entries_[id];
+        if (e.prev != NIL) entries_[e.prev].next = e.next;
+        else if (e.parent != NIL) entries_[e.parent].first_child = e.next;
+        if (e.next != NIL) entries_[e.next].prev = e.prev;
+        stack_.assign(1, id);
+        while (!stack_.empty()) {
+            uint32_t top = stack_.back();
+            stack_.pop_back();
+            Entry& t = entries_[top];
+            for (uint32_t c = t.first_child; c != NIL; c = entries_[c].next) stack_.push_back(c);
+            gone.push_back(t.hash);
+            index_.erase(t.hash);
+            t.used = false;
+            free_.push_back(top);
+        }
+    }
+
+    // Drops every entry; appends their hashes to `gone`.
+    void clear(std::vector<uint64_t>& gone) {
+        for (const Entry& e : entries_)
+            if (e.used) gone.push_back(e.hash);
+        entries_.resize(1);
+        gens_.resize(1);
+        free_.clear();
+        index_.clear();
+    }
+
+    // The tier's own invariants: every entry indexed under its hash, closed under prefixes, child lists
+    // that are exactly the entries naming each parent. Empty if they hold.
+    std::string check() const {
+        size_t used = 0;
+        std::vector<uint32_t> listed(entries_.size(), 0);
+        for (uint32_t id = 1; id < entries_.size(); ++id) {
+            const Entry& e = entries_[id];
+            if (!e.used) continue;
+            ++used;
+            if (index_.find(e.hash) != id) return "a cached hash is not indexed under its entry";
+            if (e.parent != NIL && (e.parent >= entries_.size() || !entries_[e.parent].used))
+                return "a cached hash has an uncached parent";
+            uint32_t prev = NIL;
+            for (uint32_t c = e.first_child; c != NIL; prev = c, c = entries_[c].next) {
+                if (!entries_[c].used || entries_[c].parent != id || entries_[c].prev != prev || ++listed[c] > 1)
+                    return "the cache tier's child lists disagree with its parents";
+            }
+        }
+        for (uint32_t id = 1; id < entries_.size(); ++id) {
+            const Entry& e = entries_[id];
+            if (e.used && e.parent != NIL && listed[id] != 1)
+                return "a cached hash is missing from its parent's children";
+        }
+        if (used != index_.size() || index_.count_live() != used) return "the cache tier's index size is wrong";
+        return "";
+    }
+
+  private:
+    std::vector<Entry> entries_;
+    std::vector<uint32_t> free_, stack_;
+    std::vector<uint32_t> gens_;  // all zero: the index's generations (tier entries are never stale)
+    HashIndex index_;
+};
+
 // ------------------------------------------------------------------------------------------- the tree
 
 // Two cache lines: the first holds what path walks and a parent's heap touch (counters, flags, hash, cached
@@ -762,12 +924,14 @@ class Slab {
 // until another prompt shares them, so an insert makes them a single *tail* node: `span` chunks ending at
 // `depth`, always the last node of its owner's path (which repeats the tail's id once per chunk, so every
 // depth-indexed read of a path stays as it is), its first chunk's hash in the index under the tail's id (the
-// later ones too once `tails_indexed_`), the hashes themselves in a `Tail` side slot. A tail behaves as one node of the logical tree: its counts are
-// its owner's, its candidate heap holds its owner's leaf entries, its parent keys it by its cached best, and
-// it is never in the working set of anyone but its owner, so it carries no global or stranger key. When
-// another insert matches k of its chunks, `split_tail` gives those k chunks ordinary nodes (the first keeps
-// the tail's id, so its parent's entry stays valid) and the rest stays one tail; each chunk is split off at
-// most once. A tail starts at depth 2 or deeper, so first-level nodes stay ordinary. Node counts, serials
+// later ones too once `tails_indexed_`), the hashes themselves in a `Tail` side slot. A tail behaves as one
+// node of the logical tree: its counts are its owner's, its candidate heap holds its owner's leaf entries,
+// its parent keys it by its cached best, and it is covered by no one but its owner (never cached: an insert
+// gives the chunks the cache tier holds ordinary nodes and starts the tail below them, and `cache_store`
+// splits a tail before it flags any of its chunks), so it carries no global or stranger key. When another
+// insert (or a store) matches k of its chunks, `split_tail` gives those k chunks ordinary nodes (the first
+// keeps the tail's id, so its parent's entry stays valid) and the rest stays one tail; each chunk is split off
+// at most once. A tail starts at depth 2 or deeper, so first-level nodes stay ordinary. Node counts, serials
 // and every result are those of the uncompressed tree (the Python core), which tests check.
 struct alignas(64) Node {
     uint32_t parent = NIL;
@@ -779,10 +943,11 @@ struct alignas(64) Node {
     bool has_best = false;
     bool has_global = false;
     bool has_stranger = false;
+    bool cached = false;  // the cache tier holds this prefix, and the parent's (tree.py's `cached`); never a tail
     uint64_t hash = 0;
     uint32_t best_req = NIL;
     uint32_t best_gen = 0;
-    Key best{};  // with the fields above, all a parent's heap reads of a child (`live_child`): one cache line
+    AKey best{};  // with the fields above, all a parent's heap reads of a child (`live_child`): one cache line
     Candidates candidates;
     Key global_key{};
     uint64_t serial = 0;
@@ -811,7 +976,7 @@ struct Req {
     uint32_t prev = NIL, next = NIL;          // all live requests, insertion order
     uint32_t prev_act = NIL, next_act = NIL;  // running requests, activation order
     uint32_t suspended_at = NIL;
-    Key key() const { return Key{static_cast<int64_t>(path.size()), arrival, seq}; }
+    AKey key() const { return AKey{arrival, seq}; }
 };
 
 struct List {
@@ -863,7 +1028,7 @@ class Core {
 
     int64_t num_missing(uint32_t h) const {
         const auto& path = reqs_[h].path;
-        return static_cast<int64_t>(path.size()) - last_depth(path, path.size(), 1);
+        return static_cast<int64_t>(path.size()) - covered_depth(path);
     }
 
     int64_t num_holding(uint32_t h, int64_t depth) const {
@@ -903,20 +1068,23 @@ class Core {
         candidate_cls_ = nb::borrow(candidate_cls);
         unknown_error_ = nb::borrow(unknown);
         transition_error_ = nb::borrow(transition);
-        static const char* names[] = {"request_id", "num_chunks", "num_missing", "depth_before", "depth_after",
-                                      "num_sharing"};
-        for (int i = 0; i < 6; ++i) field_names_[i] = nb::steal(PyUnicode_InternFromString(names[i]));
+        static const char* names[] = {"request_id",    "num_chunks",   "num_missing", "depth_running",
+                                      "depth_cached",  "depth_before", "depth_after", "num_sharing"};
+        for (int i = 0; i < NUM_FIELDS; ++i) field_names_[i] = nb::steal(PyUnicode_InternFromString(names[i]));
     }
 
     // best(): the next waiting request's `Candidate`, or None; cached until the next mutation.
     nb::object best() {
         if (!best_valid_) {
-            // A sharer comes with its missing count (its global key), a stranger misses everything: no
-            // binary search along its path for it.
-            int64_t missing = -1;
-            uint32_t h = pop_sharing(missing);
-            if (h == NIL) h = pop_stranger();
-            best_cache_ = h == NIL ? nb::none() : candidate(h, missing);
+            // A sharer comes with its covered depth (its global node's), a stranger has none: the searches
+            // along its path stop there.
+            int64_t covered = -1;
+            uint32_t h = pop_sharing(covered);
+            if (h == NIL) {
+                h = pop_stranger();
+                covered = 0;
+            }
+            best_cache_ = h == NIL ? nb::none() : candidate(h, covered);
             best_valid_ = true;
         }
         return best_cache_;
@@ -1027,9 +1195,9 @@ class Core {
         return added(rid, status);
     }
 
-    nb::object candidate(uint32_t h, int64_t missing = -1) const {
-        int64_t values[5];
-        describe_into(h, values, missing);
+    nb::object candidate(uint32_t h, int64_t covered = -1) const {
+        int64_t values[NUM_FIELDS - 1];
+        describe_into(h, values, covered);
         PyObject* empty = PyTuple_New(0);
         PyObject* obj = PyBaseObject_Type.tp_new(reinterpret_cast<PyTypeObject*>(candidate_cls_.ptr()), empty, nullptr);
         Py_DECREF(empty);
@@ -1037,7 +1205,7 @@ class Core {
         nb::object result = nb::steal(obj);
         if (PyObject_GenericSetAttr(obj, field_names_[0].ptr(), PyList_GET_ITEM(ids_.ptr(), h)) != 0)
             throw nb::python_error();
-        for (int i = 0; i < 5; ++i) {
+        for (int i = 0; i < NUM_FIELDS - 1; ++i) {
             PyObject* v = PyLong_FromLongLong(values[i]);
             int rc = PyObject_GenericSetAttr(obj, field_names_[i + 1].ptr(), v);
             Py_DECREF(v);
@@ -1046,31 +1214,36 @@ class Core {
         return result;
     }
 
-    // (num_chunks, num_missing, depth_before, depth_after, num_sharing) of a waiting request.
-    // `known_missing` >= 0: the request's missing count is already known (then the shared-prefix search stops
-    // at its deepest working-set node, where every running request's prefix ends too).
-    void describe_into(uint32_t h, int64_t* out, int64_t known_missing = -1) const {
+    // (num_chunks, num_missing, depth_running, depth_cached, depth_before, depth_after, num_sharing) of a
+    // waiting request. `covered` >= 0: its covered depth is known (best() pops its global node), so the searches
+    // for its running and cached depths stop there, and usually need none (that node runs or is cached).
+    void describe_into(uint32_t h, int64_t* out, int64_t covered = -1) const {
         const auto& path = reqs_[h].path;
         int64_t len = static_cast<int64_t>(path.size());
-        int64_t before, after, missing;
+        size_t limit = covered >= 0 ? static_cast<size_t>(covered) : path.size();
+        const Node* top = covered > 0 ? &nodes_[path[limit - 1]] : nullptr;
+        int64_t cached = top != nullptr && top->cached ? covered : last_cached(path, limit);
+        int64_t before, after, running = 0;
         if (num_active_ == 0) {
-            before = after = missing = len;
+            before = after = len;
         } else {
-            missing = known_missing >= 0 ? known_missing : len - last_depth(path, path.size(), 1);
-            int64_t shared = shared_depth(), limit = std::min(len - missing, shared);
+            running = top != nullptr && top->num_active > 0 ? covered : last_depth(path, limit, 1);
+            int64_t shared = shared_depth(), capped = std::min(running, shared);
             // Usually the candidate's path holds the whole capped prefix (it shares the batch's prefix, or
             // the batch's shared prefix lies on it): one read instead of a binary search.
-            bool whole = limit > 0 && nodes_[path[static_cast<size_t>(limit - 1)]].num_active >= num_active_;
-            after = whole ? limit
-                          : last_depth(path, static_cast<size_t>(std::max<int64_t>(limit - 1, 0)), num_active_);
+            bool whole = capped > 0 && nodes_[path[static_cast<size_t>(capped - 1)]].num_active >= num_active_;
+            after = whole ? capped
+                          : last_depth(path, static_cast<size_t>(std::max<int64_t>(capped - 1, 0)), num_active_);
             before = num_active_ > 1 ? shared : after;
         }
         int64_t sharing = after ? static_cast<int64_t>(nodes_[path[static_cast<size_t>(after - 1)]].num_waiting) - 1 : 0;
         out[0] = len;
-        out[1] = missing;
-        out[2] = before;
-        out[3] = after;
-        out[4] = sharing;
+        out[1] = len - std::max(running, cached);
+        out[2] = running;
+        out[3] = cached;
+        out[4] = before;
+        out[5] = after;
+        out[6] = sharing;
     }
 
     int64_t oldest() {
@@ -1146,8 +1319,10 @@ class Core {
         for (size_t d = 0; d < len; ++d) {
             Node& n = nodes_[path[d]];
             --n.num_waiting;
-            if (++n.num_active == 1 && d < first_entered) first_entered = d;
+            if (++n.num_active == 1 && !n.cached && d < first_entered) first_entered = d;
         }
+        // A node that enters coverage needs a global entry only if some waiting request leaves coverage right
+        // there (the others are counted at a deeper node of this path).
         for (size_t d = first_entered; d < len; ++d) {
             uint32_t below = d + 1 < len ? nodes_[path[d + 1]].num_waiting : 0;
             if (nodes_[path[d]].num_waiting > below) push_global(path[d]);
@@ -1167,7 +1342,7 @@ class Core {
         push(leaf, r.key(), h, r.gen, true);
         push_arrival(h);
         leave_working_set(h);
-        if (nodes_[leaf].num_active > 0) push_global(leaf);
+        if (covered(nodes_[leaf])) push_global(leaf);
         best_valid_ = false;
         return OK;
     }
@@ -1218,6 +1393,70 @@ class Core {
         for (uint32_t h : handles) resume(h);
     }
 
+    // ------------------------------------------------------------------ the cache tier
+
+    size_t num_cached() const { return tier_.size(); }
+
+    // is_cached(chunk_hash): whether the tier holds the prefix `chunk_hash` names.
+    bool is_cached_id(nb::handle chunk_hash) const {
+        uint64_t v;
+        return lookup_hash(chunk_hash.ptr(), v) && tier_.find(v) != NIL;
+    }
+
+    // cache_store(hashes, parent=None) -> chunks newly cached (tree.py's `cache_store`): hashes are read like
+    // insert_hashes' (a buffer in place, any other sequence item by item); a chain below a parent the tier does
+    // not hold is ignored; HashChainError, with nothing changed, for a malformed list or parent, or a chain
+    // `cache_store` refuses.
+    int64_t cache_store_id(nb::handle hashes, nb::handle parent) {
+        int is_buffer = PyObject_IsInstance(hashes.ptr(), buffer_types_.ptr());
+        if (is_buffer < 0) throw nb::python_error();
+        int64_t status = is_buffer ? read_hash_buffer(hashes.ptr(), chain_) : NOT_IN_PLACE;
+        if (status == NOT_IN_PLACE) status = read_hashes(hashes.ptr(), chain_);
+        if (status == EMPTY) {
+            chain_.clear();
+            status = OK;
+        }
+        if (status != OK) raise_hash_chain("chunk hashes must be integers in [0, 2**64)");
+        uint64_t above = 0;
+        bool has_parent = !parent.is_none();
+        if (has_parent) {
+            if (!read_hash(parent.ptr(), above)) raise_hash_chain("the parent hash must be an integer in [0, 2**64)");
+            if (tier_.find(above) == NIL) return 0;
+        }
+        int64_t stored = cache_store(chain_, has_parent, above);
+        if (stored < 0)
+            raise_hash_chain("a hash repeats within the chain, or is cached or in the tree under another prefix: "
+                             "hashes are not cumulative or two prefixes collide");
+        return stored;
+    }
+
+    // cache_remove(hashes) -> chunks uncached: the named prefixes and every cached one that extends them; hashes
+    // the tier does not hold are ignored. The whole iterable is read before anything changes.
+    int64_t cache_remove_id(nb::handle hashes) {
+        nb::object it = nb::steal(PyObject_GetIter(hashes.ptr()));
+        if (!it.is_valid()) throw nb::python_error();
+        chain_.clear();
+        while (PyObject* item = PyIter_Next(it.ptr())) {
+            nb::object held = nb::steal(item);
+            uint64_t v;
+            if (lookup_hash(item, v)) chain_.push_back(v);
+        }
+        if (PyErr_Occurred()) throw nb::python_error();
+        uncached_.clear();
+        for (uint64_t h : chain_) {
+            uint32_t e = tier_.find(h);
+            if (e != NIL) tier_.remove_subtree(e, uncached_);
+        }
+        leave_cache(uncached_);
+        return static_cast<int64_t>(uncached_.size());
+    }
+
+    void cache_clear() {
+        uncached_.clear();
+        tier_.clear(uncached_);
+        leave_cache(uncached_);
+    }
+
     // ------------------------------------------------------------------ invariants
 
     std::string check() const;
@@ -1232,6 +1471,11 @@ class Core {
             throw nb::python_error();
         }
         return static_cast<uint32_t>(PyLong_AsUnsignedLong(value));
+    }
+
+    [[noreturn]] void raise_hash_chain(const char* message) const {
+        PyErr_SetString(hash_chain_error_.ptr(), message);
+        throw nb::python_error();
     }
 
     // Raises the Python core's `InvalidTransition` for a refused call (`code` != OK).
@@ -1380,19 +1624,21 @@ class Core {
         for (size_t d = 0; d < num_existing; ++d) ++nodes_[r.path[d]].num_waiting;
         adopt_new_nodes(h, num_existing);
         publish(h, num_existing);
+        reweigh(h);
         best_valid_ = false;
         return (static_cast<int64_t>(r.path.size()) << 32) | h;
     }
 
     // The new nodes of request `h`'s path (depths num_existing + 1 ..): alive, numbered in depth order, held
-    // by `h` alone, each with the one candidate below it (pushed leaf first, as `offer` numbers them). They are
-    // at most two: a first-level node when nothing was known, and the rest as one tail (or one ordinary node).
+    // by `h` alone, each with the one candidate below it (pushed leaf first, as `offer` numbers them): a
+    // first-level node when nothing was known, one node per chunk the cache tier holds, and the rest as one
+    // tail (or one ordinary node).
     void adopt_new_nodes(uint32_t h, size_t num_existing) {
         const Req& r = reqs_[h];
         const auto& path = r.path;
         size_t len = path.size();
         if (num_existing == len) return;
-        Key key = r.key();
+        AKey key = r.key();
         uint64_t base = next_serial_;
         next_serial_ += len - num_existing;
         uint32_t below = h, below_gen = r.gen;
@@ -1446,7 +1692,8 @@ class Core {
     // Index slots are prefetched a window ahead of the walk, so their misses overlap. Three phases, so that a
     // refused chain changes nothing: match the known prefix (into a tail by comparing its stored hashes),
     // register every new hash (a known one after a new one, or a repeat, rolls the new entries back), then
-    // commit: split a matched tail and set up the new nodes, which `adopt_new_nodes` makes alive.
+    // commit: split a matched tail and set up the new nodes, which `adopt_new_nodes` makes alive. The new chunks
+    // that are cached (the tier holds them below a cached parent, tree.py's `_build_path`) get a node each.
     int64_t build_path(const std::vector<uint64_t>& hashes, std::vector<uint32_t>& path, size_t& num_existing) {
         constexpr size_t AHEAD = 12;
         size_t len = hashes.size();
@@ -1475,20 +1722,22 @@ class Core {
             parent = id;
         }
         num_existing = i;
-        uint32_t fresh[2];  // the new nodes: a first-level one when nothing matched, then the rest as one
-        size_t num_fresh = 0;
-        auto starts_node = [i](size_t j) { return j == i || j == 1; };
+        // The new nodes: a first-level one when nothing matched, one per cached chunk, then the rest as one.
+        size_t num_cached = tail == NIL ? cached_run(hashes, i, parent) : 0;
+        auto& fresh = fresh_;
+        fresh.clear();
+        auto starts_node = [i, num_cached](size_t j) { return j <= i + num_cached || j == 1; };
         auto indexed = [&](size_t j) { return tails_indexed_ || starts_node(j); };
         auto roll_back = [&](size_t end) {
             for (size_t k = end; k-- > i;)
                 if (indexed(k)) index_.erase(hashes[k]);
-            for (size_t k = 0; k < num_fresh; ++k) free_slot(fresh[k]);
+            for (uint32_t id : fresh) free_slot(id);
         };
         for (size_t j = i; j < len; ++j) {
-            if (starts_node(j)) fresh[num_fresh++] = alloc_node();
+            if (starts_node(j)) fresh.push_back(alloc_node());
             if (!indexed(j)) continue;
             if (j + AHEAD < len) index_.prefetch(hashes[j + AHEAD]);
-            if (!index_.insert(hashes[j], fresh[num_fresh - 1])) {  // a known hash after a new one, or a repeat
+            if (!index_.insert(hashes[j], fresh.back())) {  // a known hash after a new one, or a repeat
                 roll_back(j);
                 return HASH_CHAIN;
             }
@@ -1504,10 +1753,11 @@ class Core {
             std::copy(owner_path.begin() + at, owner_path.begin() + i, path.begin() + at);
             parent = path[i - 1];
         }
-        for (size_t k = 0, j = i; k < num_fresh; ++k) {
+        for (size_t k = 0, j = i; k < fresh.size(); ++k) {
             uint32_t id = fresh[k];
-            size_t end = k + 1 < num_fresh ? j + 1 : len;
+            size_t end = k + 1 < fresh.size() ? j + 1 : len;
             Node& n = nodes_[id];
+            n.cached = j < i + num_cached;
             n.hash = hashes[j];
             n.parent = parent;
             n.depth = static_cast<uint32_t>(end);
@@ -1523,10 +1773,25 @@ class Core {
         return OK;
     }
 
-    // Gives the first `k` chunks of tail `id` (another prompt shares them) ordinary nodes: the first keeps the
-    // id (its parent's entry for it stays valid), the rest stays one node (a tail if it holds two chunks or
-    // more) holding the tail's leaf entries. Each new node copies the tail's counts and cached best and sits
-    // in its parent's heap under that best, which is what the uncompressed tree's chain holds.
+    // How many of hashes[i ..] the cache tier holds as one chain below `parent` (the last known node, or the
+    // root), counting none unless `parent` is cached itself: the new nodes that start out cached.
+    size_t cached_run(const std::vector<uint64_t>& hashes, size_t i, uint32_t parent) const {
+        if (tier_.size() == 0 || (parent != ROOT && !nodes_[parent].cached)) return 0;
+        uint32_t above = parent == ROOT ? NIL : tier_.find(nodes_[parent].hash);
+        size_t run = 0;
+        for (; i + run < hashes.size(); ++run) {
+            uint32_t e = tier_.find(hashes[i + run]);
+            if (e == NIL || tier_[e].parent != above) break;
+            above = e;
+        }
+        return run;
+    }
+
+    // Gives the first `k` chunks of tail `id` (another prompt shares them, or the cache tier holds them)
+    // ordinary nodes: the first keeps the id (its parent's entry for it stays valid), the rest stays one node
+    // (a tail if it holds two chunks or more) holding the tail's leaf entries. Each new node copies the tail's
+    // counts and cached best and sits in its parent's heap under that best, which is what the uncompressed
+    // tree's chain holds. The new nodes are uncached (a store flags them after the split).
     //
     // `prepare_split` allocates the new nodes first (and, while a tail's later chunks are not indexed, gives each
     // new node's first chunk its index entry), so that the one step of a split that can fail runs before
@@ -1571,6 +1836,7 @@ class Core {
             n.span = rest ? span - static_cast<uint32_t>(k) : 1;
             n.num_active = src.num_active;
             n.num_waiting = src.num_waiting;
+            n.cached = false;  // as the tail's chunks (a store flags them after the split)
             n.has_best = src.has_best;
             n.best = src.best;
             n.best_req = src.best_req;
@@ -1655,7 +1921,7 @@ class Core {
         n.alive = false;
         node_gens_[id] = ++n.gen;
         index_.forget(tails_indexed_ ? n.span : 1);
-        n.has_best = n.has_global = n.has_stranger = false;
+        n.has_best = n.has_global = n.has_stranger = n.cached = false;
         n.num_active = n.num_waiting = 0;
         release(n.candidates);
         if (n.depth == 1) {
@@ -1755,15 +2021,31 @@ class Core {
         else running_.tail = r.prev_act;
     }
 
-    int64_t last_depth(const std::vector<uint32_t>& path, size_t limit, size_t threshold) const {
+    // Largest d <= limit with pred(path[d-1]) (0 if none), for a predicate that holds on a prefix of the path.
+    template <typename Pred>
+    int64_t last_where(const std::vector<uint32_t>& path, size_t limit, Pred pred) const {
         size_t lo = 0, hi = limit;
         while (lo < hi) {
             size_t mid = (lo + hi + 1) / 2;
-            if (nodes_[path[mid - 1]].num_active >= threshold) lo = mid;
+            if (pred(nodes_[path[mid - 1]])) lo = mid;
             else hi = mid - 1;
         }
         return static_cast<int64_t>(lo);
     }
+
+    // `num_active` falls with depth along a path.
+    int64_t last_depth(const std::vector<uint32_t>& path, size_t limit, size_t threshold) const {
+        return last_where(path, limit, [threshold](const Node& n) { return n.num_active >= threshold; });
+    }
+
+    // The cached nodes, and so the covered ones, are a prefix of every path.
+    int64_t last_cached(const std::vector<uint32_t>& path, size_t limit) const {
+        return last_where(path, limit, [](const Node& n) { return n.cached; });
+    }
+    int64_t covered_depth(const std::vector<uint32_t>& path) const { return last_where(path, path.size(), covered); }
+
+    // tree.py's `is_covered`: a running request holds the prefix, or the engine's cache does.
+    static bool covered(const Node& n) { return n.num_active > 0 || n.cached; }
 
     void update_shared_after_activate(uint32_t h) {
         const auto& path = reqs_[h].path;
@@ -1791,24 +2073,171 @@ class Core {
         --num_active_;
         left_.clear();
         const auto& path = reqs_[h].path;
-        for (size_t d = 0, len = num_distinct(path); d < len; ++d)
-            if (--nodes_[path[d]].num_active == 0) left_.push_back(path[d]);
-        for (size_t i = left_.size(); i-- > 0;) {
-            uint32_t id = left_[i];
-            if (nodes_[id].num_waiting == 0) {
-                nodes_[id].has_best = false;
+        for (size_t d = 0, len = num_distinct(path); d < len; ++d) {
+            Node& n = nodes_[path[d]];
+            if (--n.num_active == 0 && !n.cached) left_.push_back(path[d]);
+        }
+        std::reverse(left_.begin(), left_.end());
+        reoffer(left_);
+        update_shared_after_leave();
+    }
+
+    // Nodes that just left coverage, deepest first: each re-offers its subtree's best to its parent, which
+    // gets a global entry when it is still covered (a first-level node gets a stranger entry instead).
+    void reoffer(const std::vector<uint32_t>& left) {
+        for (uint32_t id : left) {
+            Node& n = nodes_[id];
+            if (n.num_waiting == 0) {
+                n.has_best = false;
                 continue;
             }
-            if (refresh(id) && nodes_[id].depth > 1) {
-                const Node& n = nodes_[id];
-                push(n.parent, n.best, id, n.gen, false);
+            bool has_best = refresh(id);
+            if (n.depth == 1) {
+                push_stranger(id);
+                continue;
             }
+            if (has_best) push(n.parent, n.best, id, n.gen, false);
+            if (covered(nodes_[n.parent])) push_global(n.parent);
         }
-        if (!left_.empty() && nodes_[left_[0]].num_waiting) {
-            if (nodes_[left_[0]].depth > 1) push_global(nodes_[left_[0]].parent);
-            else push_stranger(left_[0]);
+    }
+
+    // The covered nodes of request `h`'s path gained a request: their global keys (which count the requests
+    // through them) fell, so the ones that have an entry push it again.
+    void reweigh(uint32_t h) {
+        const auto& path = reqs_[h].path;
+        for (size_t d = 0, len = num_distinct(path); d < len; ++d) {
+            const Node& n = nodes_[path[d]];
+            if (!covered(n)) return;
+            if (n.has_global) push_global(path[d]);
         }
-        update_shared_after_leave();
+    }
+
+    // ------------------------------------------------------------------ cache events
+
+    // The chain `chain` below `parent` (none: from the start; cached if given) is now cached: the chunks newly
+    // cached, or HASH_CHAIN with nothing changed (tree.py's `cache_store`). Tree nodes whose parent is cached
+    // (or that are first-level) are flagged as their hash enters the tier; a flagged node that is not running
+    // enters coverage and gets a global entry if requests wait below it. A store that reaches a tail's first
+    // chunk below a cached node caches the run of the chain that follows it into the tail: that run is split
+    // off first (`split_tail`), so cached chunks are ordinary nodes. Every tail chunk is indexed from the first
+    // store on (`tails_indexed_`), so the checks see every chunk of the tree, as tree.py's do.
+    int64_t cache_store(const std::vector<uint64_t>& chain, bool has_parent, uint64_t parent) {
+        if (chain.empty()) return 0;
+        if (!tails_indexed_ && !index_tail_chunks()) return HASH_CHAIN;
+        if (!chain_fits(chain, has_parent, parent)) return HASH_CHAIN;
+        uint32_t above = has_parent ? tier_.find(parent) : NIL;
+        entered_.clear();
+        bool flagged = false;
+        int64_t stored = 0;
+        for (size_t k = 0; k < chain.size(); ++k) {
+            uint64_t h = chain[k];
+            uint32_t known = tier_.find(h);
+            if (known != NIL) {
+                above = known;
+                continue;
+            }
+            above = tier_.add(h, above);
+            ++stored;
+            uint32_t id = index_.find(h);
+            if (id == NIL) continue;
+            const Node& n = nodes_[id];
+            if (n.span == 1) {
+                if (n.depth == 1 || nodes_[n.parent].cached) flagged |= flag_cached(id);
+                continue;
+            }
+            // A tail: only its first chunk can become cached (each later one's parent is the tail's chunk before
+            // it, uncached), and the chain's next hashes are new to the tier (their parents were not cached).
+            if (n.hash != h || !nodes_[n.parent].cached) continue;
+            const auto& hashes = tails_[n.side].hashes;
+            size_t run = 1;
+            while (k + run < chain.size() && run < hashes.size() && chain[k + run] == hashes[run]) ++run;
+            const auto& path = reqs_[tails_[n.side].owner].path;
+            size_t at = first_index(n);
+            prepare_split(id, run);  // cannot fail: every tail chunk is indexed
+            split_tail(id, run);
+            for (size_t j = 0; j < run; ++j) {
+                if (j > 0) {
+                    above = tier_.add(chain[k + j], above);
+                    ++stored;
+                }
+                flagged |= flag_cached(path[at + j]);
+            }
+            k += run - 1;
+        }
+        for (uint32_t id : entered_)
+            if (nodes_[id].num_waiting) push_global(id);
+        if (flagged) best_valid_ = false;
+        return stored;
+    }
+
+    bool flag_cached(uint32_t id) {
+        Node& n = nodes_[id];
+        n.cached = true;
+        if (n.num_active == 0) entered_.push_back(id);
+        return true;
+    }
+
+    // tree.py's `_check_chain`: no hash repeats within the chain, and none is cached, or a chunk of the tree,
+    // under a parent other than the hash before it in the chain (`above` for the first). A chunk inside a
+    // tail has the tail's chunk before it as its parent: the walk follows a chain through a tail by offset,
+    // searching the tail's hashes only for a first hash below a `parent` inside one.
+    bool chain_fits(const std::vector<uint64_t>& chain, bool has_above, uint64_t above) {
+        chain_sorted_.assign(chain.begin(), chain.end());
+        std::sort(chain_sorted_.begin(), chain_sorted_.end());
+        if (std::adjacent_find(chain_sorted_.begin(), chain_sorted_.end()) != chain_sorted_.end()) return false;
+        uint32_t tail = NIL;  // the tail holding the chain's previous hash, at `offset`, if one does
+        size_t offset = 0;
+        for (size_t k = 0; k < chain.size(); ++k) {
+            uint64_t h = chain[k];
+            uint32_t known = tier_.find(h);
+            if (known != NIL && !tier_.parent_is(known, has_above, above)) return false;
+            uint32_t id = index_.find(h);
+            if (id == NIL) {
+                tail = NIL;
+            } else if (nodes_[id].span == 1) {
+                const Node& n = nodes_[id];
+                if (n.depth == 1 ? has_above : !has_above || nodes_[n.parent].hash != above) return false;
+                tail = NIL;
+            } else {
+                const Node& n = nodes_[id];
+                const auto& hashes = tails_[n.side].hashes;
+                size_t at;
+                if (tail == id && offset + 1 < hashes.size() && hashes[offset + 1] == h) {
+                    at = offset + 1;
+                } else if (hashes[0] == h) {
+                    at = 0;
+                } else if (k == 0 && has_above) {
+                    at = static_cast<size_t>(std::find(hashes.begin(), hashes.end(), h) - hashes.begin());
+                    if (at == hashes.size()) return false;
+                } else {
+                    return false;  // its parent, the tail's chunk before it, is not the chain's previous hash
+                }
+                uint64_t parent_hash = at == 0 ? nodes_[n.parent].hash : hashes[at - 1];
+                if (!has_above || parent_hash != above) return false;
+                tail = id;
+                offset = at;
+            }
+            has_above = true;
+            above = h;
+        }
+        return true;
+    }
+
+    // Tree nodes of hashes the tier dropped lose their flag; those that leave coverage re-offer their subtree,
+    // deepest first (tree.py's `_leave_cache`). A tail's chunks were never flagged.
+    void leave_cache(const std::vector<uint64_t>& gone) {
+        left_.clear();
+        for (uint64_t h : gone) {
+            uint32_t id = index_.find(h);
+            if (id == NIL || !nodes_[id].cached) continue;
+            Node& n = nodes_[id];
+            n.cached = false;
+            best_valid_ = false;
+            if (n.num_active == 0) left_.push_back(id);
+        }
+        std::stable_sort(left_.begin(), left_.end(),
+                         [this](uint32_t a, uint32_t b) { return nodes_[a].depth > nodes_[b].depth; });
+        reoffer(left_);
     }
 
     // ------------------------------------------------------------------ the lazy heaps
@@ -1820,10 +2249,10 @@ class Core {
 
     bool live_child(const CEntry& e) const {
         const Node& c = nodes_[e.item];
-        return c.gen == e.gen && c.alive && c.num_active == 0 && c.has_best && c.best == e.k;
+        return c.gen == e.gen && c.alive && !covered(c) && c.has_best && c.best == e.k;
     }
 
-    void push(uint32_t node, const Key& key, uint32_t item, uint32_t gen, bool is_req) {
+    void push(uint32_t node, const AKey& key, uint32_t item, uint32_t gen, bool is_req) {
         Node& n = nodes_[node];
         heap_push<CEntry, CAfter>(n.candidates, CEntry{key, next_push_++, item, gen, is_req});
         if (n.candidates.size() > 4 * (n.num_waiting + n.num_active) + COMPACT_MIN) compact_candidates(n.candidates);
@@ -1834,27 +2263,35 @@ class Core {
         push_arrival(h);
         const Req& r = reqs_[h];
         Node& first = nodes_[r.path[0]];
-        if (first.num_active == 0) {
+        if (!covered(first)) {
             Key key{0, r.arrival, r.seq};
             if (!first.has_stranger || key < levels_[first.side].stranger_key) push_stranger_key(r.path[0], key);
         }
     }
 
+    // Publishes a waiting request for tier 1 (tree.py's `_offer`): its leaf entry, then cached bests upwards
+    // until a node's cached best already bounds it, a covered node (which gets a global entry) or the first
+    // level. The new nodes below `num_existing` are set up already (`adopt_new_nodes`); when the first of them
+    // is cached (the tier held the prompt's prefix), the deepest cached one gets the global entry.
     void offer(uint32_t h, size_t num_existing) {
         const Req& r = reqs_[h];
-        Key key = r.key();
+        AKey key = r.key();
         const auto& path = r.path;
         uint32_t node;
-        if (num_existing < path.size()) {  // the new nodes below are set up (`adopt_new_nodes`)
+        if (num_existing < path.size()) {
+            uint32_t below = path[num_existing];
+            if (num_existing) push(path[num_existing - 1], key, below, nodes_[below].gen, false);
+            if (nodes_[below].cached) {
+                push_global(path[static_cast<size_t>(covered_depth(path)) - 1]);
+                return;
+            }
             if (num_existing == 0) return;
             node = path[num_existing - 1];
-            uint32_t below = path[num_existing];
-            push(node, key, below, nodes_[below].gen, false);
         } else {
             node = path.back();
             push(node, key, h, r.gen, true);
         }
-        while (nodes_[node].num_active == 0) {
+        while (!covered(nodes_[node])) {
             Node& n = nodes_[node];
             if (n.has_best && n.best <= key) return;
             n.has_best = true;
@@ -1869,11 +2306,19 @@ class Core {
         push_global(node);
     }
 
+    // Tier-1 rank of the waiting requests leaving coverage right below `n` (tree.py's `_global_key`): deepest
+    // first, then the most requests through it (waiting or running), then the earliest of them (`top`). The
+    // first two are one int64: -(depth << 32 | requests).
+    static Key global_key(const Node& n, const AKey& top) {
+        uint64_t weight = (static_cast<uint64_t>(n.depth) << 32) | (n.num_waiting + n.num_active);
+        return Key{-static_cast<int64_t>(weight), top.a, top.s};
+    }
+
     void push_global(uint32_t node) {
         const CEntry* top = settle(node);
         if (top == nullptr) return;
         Node& n = nodes_[node];
-        Key key{top->k.n - static_cast<int64_t>(n.depth), top->k.a, top->k.s};
+        Key key = global_key(n, top->k);
         if (n.has_global && n.global_key <= key) return;
         n.has_global = true;
         n.global_key = key;
@@ -1975,8 +2420,8 @@ class Core {
         return nodes_[node].has_best;
     }
 
-    // The best sharer, and how many chunks it misses (its global key).
-    uint32_t pop_sharing(int64_t& missing) {
+    // The best sharer, and its covered depth (its global node's).
+    uint32_t pop_sharing(int64_t& covered_at) {
         while (!global_.empty()) {
             GEntry e = global_.front();
             Node& n = nodes_[e.node];
@@ -1984,7 +2429,7 @@ class Core {
                 heap_pop<GEntry, GAfter>(global_);
                 continue;
             }
-            if (!n.alive || n.num_active == 0) {
+            if (!n.alive || !covered(n)) {
                 n.has_global = false;
                 heap_pop<GEntry, GAfter>(global_);
                 continue;
@@ -1995,14 +2440,14 @@ class Core {
                 heap_pop<GEntry, GAfter>(global_);
                 continue;
             }
-            Key key{top->k.n - static_cast<int64_t>(n.depth), top->k.a, top->k.s};
+            Key key = global_key(n, top->k);
             if (key != n.global_key) {
                 n.global_key = key;
                 heap_pop<GEntry, GAfter>(global_);
                 heap_push<GEntry, GAfter>(global_, GEntry{key, next_push_++, e.node, n.gen});
                 continue;
             }
-            missing = key.n;
+            covered_at = n.depth;
             return top->is_req ? top->item : nodes_[top->item].best_req;
         }
         return NIL;
@@ -2016,7 +2461,7 @@ class Core {
                 heap_pop<GEntry, GAfter>(strangers_);
                 continue;
             }
-            if (!n.alive || n.num_active > 0) {
+            if (!n.alive || covered(n)) {
                 n.has_stranger = false;
                 heap_pop<GEntry, GAfter>(strangers_);
                 continue;
@@ -2077,7 +2522,7 @@ class Core {
             if (n.gen != e.gen || !n.alive) continue;
             bool has = global ? n.has_global : n.has_stranger;
             const Key& key = global ? n.global_key : levels_[n.side].stranger_key;
-            bool placed = global ? n.num_active > 0 : n.num_active == 0;
+            bool placed = global == covered(n);
             if (has && key == e.k && placed) kept.push_back(e);
         }
         std::sort(kept.begin(), kept.end(), [](const GEntry& x, const GEntry& y) { return x.node < y.node; });
@@ -2106,7 +2551,8 @@ class Core {
     nb::object buffer_types_, token_bytes_, namespace_seed_;
     nb::object duplicate_error_, empty_error_, invalid_tokens_error_, hash_chain_error_, invalid_arrival_error_;
     bool best_valid_ = false;
-    nb::object field_names_[6];
+    static constexpr int NUM_FIELDS = 8;  // `Candidate`'s
+    nb::object field_names_[NUM_FIELDS];
     Slab<Node, 14> nodes_;  // 16384 x 128 bytes: one huge page per block
     std::vector<uint32_t> free_nodes_;
     Slab<FirstLevel, 8> levels_;
@@ -2126,7 +2572,10 @@ class Core {
     uint64_t next_seq_ = 0, next_serial_ = 0, next_push_ = 0;
     HashScratch scratch_;
     std::vector<uint64_t> hashes_;
-    std::vector<uint32_t> settle_stack_, left_, split_ids_;
+    std::vector<uint32_t> settle_stack_, left_, split_ids_, fresh_, entered_;
+    CacheTier tier_;
+    std::vector<uint64_t> uncached_;  // hashes a remove or clear event took out of the tier
+    std::vector<uint64_t> chain_, chain_sorted_;  // a cache event's hashes; a store's chain, sorted (its repeats)
     // Whether a tail's later chunks are in the index too (its first one always is). A tree fed only token ids
     // leaves them out: the digests are this core's own cumulative xxh64, so a later chunk of one prompt can
     // reappear in another prompt only where that prompt shares everything before it, and then the walk reaches
@@ -2204,12 +2653,22 @@ std::string Core::check() const {
         REQUIRE(n.candidates.size() <= 4 * live + COMPACT_MIN, "candidate heap unbounded");
         REQUIRE((n.depth == 1 || n.span > 1) == (n.side != NIL), "first-level or tail slot missing, or misplaced");
         REQUIRE(n.depth == 1 || !n.has_stranger, "a stranger key on a deeper node");
+        // The flag follows the tier (invariants.py's `_check_cache`); a tail's first chunk, and so each later
+        // one, is uncached.
+        uint32_t e = tier_.find(n.hash);
+        bool first_level = n.depth == n.span;  // (of the node's first chunk)
+        bool expected = e != NIL && tier_.parent_is(e, !first_level, first_level ? 0 : nodes_[n.parent].hash) &&
+                        (first_level || nodes_[n.parent].cached);
+        REQUIRE(n.cached == expected, "cached flag wrong");
+        REQUIRE(n.span == 1 || !n.cached, "a cached chunk in a tail");
         REQUIRE(n.depth != 1 || levels_[n.side].arrivals.size() <= 4 * live + COMPACT_MIN, "arrival heap unbounded");
     }
     size_t num_entries = num_nodes_ - num_unindexed;  // every chunk's hash but tails' later ones while unindexed
     REQUIRE(alive == num_nodes_ && index_.size() == num_entries && index_.count_live() == num_entries,
             "node registry size wrong");
     REQUIRE(nodes_[ROOT].candidates.empty(), "the root has candidates");
+    std::string tier = tier_.check();
+    if (!tier.empty()) return tier;
     REQUIRE(global_.size() <= 2 * num_nodes_ + COMPACT_MIN, "global heap unbounded");
     REQUIRE(strangers_.size() <= 2 * num_nodes_ + COMPACT_MIN, "stranger heap unbounded");
     REQUIRE(by_arrival_.size() <= 2 * num_requests_ + COMPACT_MIN, "arrival order unbounded");
@@ -2235,15 +2694,15 @@ std::string Core::check() const {
     }
 
     // Lower bounds (see invariants.py): every waiting, unsuspended request is findable through kept entries.
-    std::map<std::tuple<uint32_t, uint32_t, bool>, std::vector<Key>> entries;
+    std::map<std::tuple<uint32_t, uint32_t, bool>, std::vector<AKey>> entries;
     for (uint32_t id = 0; id < nodes_.size(); ++id) {
         if (!nodes_[id].alive) continue;
         for (const CEntry& e : nodes_[id].candidates) entries[{id, e.item, e.is_req}].push_back(e.k);
     }
-    auto has_entry = [&](uint32_t node, uint32_t item, bool is_req, const Key& key, bool exact) {
+    auto has_entry = [&](uint32_t node, uint32_t item, bool is_req, const AKey& key, bool exact) {
         auto it = entries.find({node, item, is_req});
         if (it == entries.end()) return false;
-        for (const Key& k : it->second)
+        for (const AKey& k : it->second)
             if (exact ? k == key : k <= key) return true;
         return false;
     };
@@ -2269,9 +2728,9 @@ std::string Core::check() const {
         const Req& r = reqs_[h];
         if (r.state != WAITING || r.suspended) continue;
         REQUIRE(in_order.count(h), "a waiting request is missing from the arrival order");
-        Key key = r.key();
+        AKey key = r.key();
         uint32_t first = r.path[0];
-        if (nodes_[first].num_active == 0) {
+        if (!covered(nodes_[first])) {
             bool found = false;
             for (const AEntry& e : levels_[nodes_[first].side].arrivals) found |= e.req == h && e.gen == r.gen;
             REQUIRE(found, "a stranger is missing from its arrival heap");
@@ -2282,14 +2741,14 @@ std::string Core::check() const {
         }
         REQUIRE(has_entry(r.path.back(), h, true, key, true), "no leaf entry for a waiting request");
         uint32_t node = r.path.back();
-        while (nodes_[node].num_active == 0) {
+        while (!covered(nodes_[node])) {
             const Node& n = nodes_[node];
             REQUIRE(n.has_best && n.best <= key, "a cached best does not bound a waiting request");
             REQUIRE(has_entry(n.parent, node, false, n.best, true), "a waiting request is unreachable");
             node = n.parent;
         }
         auto it = live_global.find(node);
-        Key bound{key.n - static_cast<int64_t>(nodes_[node].depth), key.a, key.s};
+        Key bound = global_key(nodes_[node], key);
         REQUIRE(it != live_global.end() && it->second <= bound, "no global entry bounds a waiting request");
     }
     return "";
@@ -2340,27 +2799,29 @@ NB_MODULE(_core, m) {
     m.def("chunk_hashes", &chunk_hashes, "tokens"_a, "chunk_size"_a, "seed"_a);
     m.def("read_words", &read_words, "buffer"_a);
     // Public names are the tree's own API (request ids); names with a leading underscore take the u32 handles
-    // the Python subclass (native.NativeTree) maps ids to.
+    // the Python subclass (native.NativeTree) maps ids to. Every argument accepts None, as the Python core's do
+    // (None is a request id like any hashable; None as hashes is refused as a malformed list).
     nb::class_<Core>(m, "Core")
         .def(nb::init<int64_t>())
         .def_prop_ro("_num_requests", &Core::num_requests)
         .def_prop_ro("num_active", &Core::num_active)
         .def_prop_ro("num_suspended", &Core::num_suspended)
         .def_prop_ro("num_nodes", &Core::num_nodes)
+        .def_prop_ro("num_cached", &Core::num_cached)
         .def_prop_ro("_num_tails", &Core::num_tails)
         .def_prop_ro("_tails_indexed", &Core::tails_indexed)
         .def_prop_ro("num_index_entries", &Core::num_index_entries)
         .def_prop_ro("shared_depth", &Core::shared_depth)
         .def("_bind", &Core::bind)
         .def("best", &Core::best)
-        .def("candidate", &Core::candidate_of)
-        .def("activate", &Core::activate_id)
-        .def("deactivate", &Core::deactivate_id)
-        .def("finish", &Core::finish_id)
-        .def("remove", &Core::remove_id)
-        .def("discard", &Core::discard_id)
-        .def("suspend", &Core::suspend_id)
-        .def("resume", &Core::resume_id)
+        .def("candidate", &Core::candidate_of, "request_id"_a.none())
+        .def("activate", &Core::activate_id, "request_id"_a.none())
+        .def("deactivate", &Core::deactivate_id, "request_id"_a.none())
+        .def("finish", &Core::finish_id, "request_id"_a.none())
+        .def("remove", &Core::remove_id, "request_id"_a.none())
+        .def("discard", &Core::discard_id, "request_id"_a.none())
+        .def("suspend", &Core::suspend_id, "request_id"_a.none())
+        .def("resume", &Core::resume_id, "request_id"_a.none())
         .def("resume_all", &Core::resume_all)
         .def("_state", &Core::state)
         .def("_is_suspended", &Core::is_suspended)
@@ -2375,11 +2836,15 @@ NB_MODULE(_core, m) {
         .def("_oldest", &Core::oldest)
         .def("_prefix_order", &Core::prefix_order)
         .def("_bind_insert", &Core::bind_insert)
-        .def("insert", &Core::insert_id, "request_id"_a, "token_ids"_a, nb::kw_only(), "namespace"_a = nb::none(),
+        .def("insert", &Core::insert_id, "request_id"_a.none(), "token_ids"_a.none(), nb::kw_only(),
+             "namespace"_a = nb::none(), "arrival"_a = nb::none())
+        .def("_insert_digests", &Core::insert_digests_id, "request_id"_a.none(), "hashes"_a.none(), nb::kw_only(),
              "arrival"_a = nb::none())
-        .def("_insert_digests", &Core::insert_digests_id, "request_id"_a, "hashes"_a, nb::kw_only(),
+        .def("insert_hashes", &Core::insert_hashes_id, "request_id"_a.none(), "hashes"_a.none(), nb::kw_only(),
              "arrival"_a = nb::none())
-        .def("insert_hashes", &Core::insert_hashes_id, "request_id"_a, "hashes"_a, nb::kw_only(),
-             "arrival"_a = nb::none())
+        .def("cache_store", &Core::cache_store_id, "hashes"_a.none(), "parent"_a.none() = nb::none())
+        .def("cache_remove", &Core::cache_remove_id, "hashes"_a.none())
+        .def("cache_clear", &Core::cache_clear)
+        .def("is_cached", &Core::is_cached_id, "chunk_hash"_a.none())
         .def("_check", &Core::check);
 }
