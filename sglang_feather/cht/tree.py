@@ -479,8 +479,9 @@ class PythonTree:
     def cache_remove(self, hashes: Iterable[ChunkHash]) -> int:
         """The engine evicted these prefixes (and so every cached prefix that extends them); hashes the tier
         does not hold are ignored. Returns the chunks uncached."""
+        doomed = [chunk_hash for chunk_hash in hashes if chunk_hash in self._cache]  # may raise: nothing changed
         gone: list[ChunkHash] = []
-        for chunk_hash in hashes:
+        for chunk_hash in doomed:
             if chunk_hash in self._cache:
                 gone.extend(self._uncache_subtree(chunk_hash))
         self._leave_cache(gone)
