@@ -305,7 +305,7 @@ MUTATIONS = {
     "leaf entry dropped": lambda t: _node(t, 6).candidates.clear(),
     "hop entry keyed above the child's best": lambda t: _raise_key(_node(t, 4).candidates, 0),
     "hop entry keyed off the child's best (settle would discard it)": lambda t: setattr(
-        _node(t, 5), "best", (*_node(t, 5).best[:2], -1, _node(t, 5).best[3])
+        _node(t, 5), "best", (_node(t, 5).best[0], -1, _node(t, 5).best[2])
     ),
     "child's best raised above its subtree": lambda t: setattr(
         _node(t, 7), "best", (99, *_node(t, 7).best[1:])
