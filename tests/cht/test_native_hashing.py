@@ -5,7 +5,14 @@ from array import array
 import numpy as np
 import pytest
 
-from sglang_feather.cht import EmptyPrompt, InvalidTokens, PythonTree, chunk_hashes, namespace_seed
+from sglang_feather.cht import (
+    EmptyPrompt,
+    HashChainError,
+    InvalidTokens,
+    PythonTree,
+    chunk_hashes,
+    namespace_seed,
+)
 
 
 @pytest.fixture
@@ -137,3 +144,109 @@ def test_lists_are_read_like_token_bytes(native_cls, tokens):
         except (InvalidTokens, EmptyPrompt) as err:
             outcomes.append(type(err))
     assert outcomes[0] == outcomes[1]
+
+
+def _raising(*values):
+    yield from values
+    raise RuntimeError("the engine's iterator failed")
+
+
+def _outcome(method, *args):
+    try:
+        return ("ok", method(*args))
+    except Exception as err:  # the type is what both cores must agree on
+        return (type(err).__name__,)
+
+
+# Hash lists and parents as the cache events take them: what insert_hashes reads (buffers in place, other
+# sequences item by item); anything array('Q', ...) refuses is HashChainError, anything else an iterator raises
+# propagates.
+CHAINS = [
+    ([5, 6], None),
+    ((5, 6), 2),
+    (array("Q", [5, 6]), 2),
+    (np.array([5, 6], dtype=np.int32), 2),
+    (np.array([5, 6], dtype=">u8"), 2),
+    (np.array([5.0]), None),
+    (np.array([-1], dtype=np.int8), None),
+    (np.ones((2, 2), dtype=np.int64), None),
+    (range(5, 7), None),
+    ([], 2),
+    ([], None),
+    ("ab", None),
+    ("", None),
+    (b"\x05", None),
+    (None, None),
+    (5, None),
+    ([[5]], None),
+    ([-1], None),
+    ([2**64], None),
+    ([1.0], None),
+    ([np.uint64(5)], None),
+    ([5], "x"),
+    ([5], -1),
+    ([5], 2**64),
+    ([5], 2.0),
+    ([5], np.uint64(2)),
+    ([5], 77),
+    ([8, 8], None),
+    ([2], None),
+    ([1, 3], None),
+]
+
+
+@pytest.mark.parametrize("chain, parent", CHAINS, ids=repr)
+def test_cache_store_reads_chains_like_insert_hashes(native_cls, chain, parent):
+    outcomes = []
+    for tree_cls in (PythonTree, native_cls):
+        tree = tree_cls(chunk_size=2)
+        tree.cache_store([1, 2])
+        tree.insert_hashes("r", [1, 2, 3])
+        outcomes.append((_outcome(tree.cache_store, chain, parent), tree.num_cached, tree.best()))
+        tree.check_invariants()
+    assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize(
+    "hashes",
+    [[2], [1.0], [np.uint64(2)], [True], ["a"], [-1], [2**70], [None], [[1]], 1, None, b"\x02", "ab"],
+    ids=repr,
+)
+def test_cache_remove_looks_hashes_up_like_a_dict(native_cls, hashes):
+    outcomes = []
+    for tree_cls in (PythonTree, native_cls):
+        tree = tree_cls(chunk_size=2)
+        tree.cache_store([1, 2])
+        tree.insert_hashes("r", [1, 2, 3])
+        removed = _outcome(tree.cache_remove, hashes)
+        looked_up = _outcome(tree.is_cached, hashes[0]) if isinstance(hashes, list) else None
+        outcomes.append((removed, looked_up, tree.num_cached, tree.best()))
+        tree.check_invariants()
+    assert outcomes[0] == outcomes[1]
+
+
+def test_an_iterator_that_raises_changes_nothing(native_cls):
+    for tree_cls in (PythonTree, native_cls):
+        tree = tree_cls(chunk_size=2)
+        tree.cache_store([1, 2])
+        tree.insert_hashes("r", [1, 2, 3])
+        with pytest.raises(RuntimeError):
+            tree.cache_remove(_raising(1))
+        with pytest.raises(RuntimeError):
+            tree.cache_store(_raising(1, 2))
+        assert tree.num_cached == 2 and tree.best().depth_cached == 2
+        tree.check_invariants()
+
+
+def test_none_is_a_request_id_and_not_a_hash_list(native_cls):
+    """The compiled core's arguments accept None as the Python core's do."""
+    for tree_cls in (PythonTree, native_cls):
+        tree = tree_cls(chunk_size=2)
+        with pytest.raises(HashChainError):
+            tree.insert_hashes("r", None)
+        assert tree.insert_hashes(None, [1, 2]) == 2
+        assert tree.best().request_id is None and tree.candidate(None).num_chunks == 2
+        tree.activate(None)
+        tree.finish(request_id=None)
+        assert not tree.discard(None) and len(tree) == 0
+        tree.check_invariants()
