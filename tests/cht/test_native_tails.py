@@ -29,6 +29,8 @@ def observe(tree, rids):
         "candidates": {rid: tree.candidate(rid) for rid in waiting},
         "holding": {rid: [tree.num_holding(rid, d) for d in range(tree.num_chunks(rid) + 1)] for rid in live},
         "order": tree.prefix_order(live),
+        "num_cached": tree.num_cached,
+        "cached": {rid: [tree.is_cached(h) for h in tree.path_hashes(rid)] for rid in live},
     }
 
 
@@ -128,9 +130,62 @@ def test_a_digest_collision_is_refused_where_the_chunk_is_first_indexed(native_c
     assert tree.path_hashes("c") == (*a[:7], 2)
 
 
+def test_a_store_into_a_tail_splits_it_where_the_cached_run_ends(native_cls):
+    """The engine reports a prefix after the request holding it was enqueued: the cached chunks leave the
+    tail as ordinary nodes (and come back to coverage on both cores alike); an eviction changes no node."""
+    tree, reference = native_cls(CHUNK), PythonTree(CHUNK)
+    tokens = list(range(40 * CHUNK))
+    hashes = chunk_hashes(tokens, CHUNK)
+    for t in (tree, reference):
+        t.insert("a", array("q", tokens))
+        t.insert("stranger", [7] * CHUNK, arrival=-1.0)
+    assert tree._num_tails == 1 and not tree._tails_indexed
+    assert tree.cache_store(hashes[:1]) == reference.cache_store(hashes[:1]) == 1
+    assert tree._tails_indexed, "the first store indexes every tail chunk"
+    assert tree.cache_store(hashes[1:15], hashes[0]) == reference.cache_store(hashes[1:15], hashes[0]) == 14
+    assert tree._num_tails == 1 and tree.num_nodes == reference.num_nodes == 41
+    assert tree.best() == reference.best() and tree.best().depth_cached == 15
+    tree.check_invariants()
+    # An eviction inside the cached run, then a shorter store below what is left of it.
+    for t in (tree, reference):
+        t.cache_remove([hashes[10]])
+        t.cache_store(hashes[10:12], hashes[9])
+    assert tree.best() == reference.best() and tree.best().depth_cached == 12
+    tree.check_invariants()
+    # The whole rest of the tail: no tail is left.
+    for t in (tree, reference):
+        t.cache_store(hashes[12:], hashes[11])
+    assert tree._num_tails == 0 and tree.best() == reference.best() and tree.best().num_missing == 0
+    tree.check_invariants()
+    rids = ["a", "stranger"]
+    assert observe(tree, rids) == observe(reference, rids)
+    for t in (tree, reference):
+        t.cache_clear()
+    assert observe(tree, rids) == observe(reference, rids)
+    tree.check_invariants()
+
+
+def test_an_insert_below_a_cached_prefix_starts_its_tail_below_it(native_cls):
+    tree, reference = native_cls(CHUNK), PythonTree(CHUNK)
+    tokens = list(range(30 * CHUNK))
+    hashes = chunk_hashes(tokens, CHUNK)
+    for t in (tree, reference):
+        t.cache_store(hashes[:12])
+        t.insert("a", array("q", tokens))
+    assert tree._num_tails == 1 and tree.num_nodes == 30
+    assert tree.best() == reference.best() and tree.best().depth_cached == 12
+    tree.check_invariants()
+    for t in (tree, reference):
+        t.cache_remove([hashes[0]])
+    assert tree.best() == reference.best() and tree.best().depth_cached == 0
+    tree.check_invariants()
+
+
 # Prompts that share, extend and cut each other at every chunk: a few stems of up to 24 chunks, each prompt a
 # prefix of one (or a stem with a private suffix), so tails are split at any offset, by prefixes, equal
-# prompts and extensions, while their owners wait, run or are suspended.
+# prompts and extensions, while their owners wait, run or are suspended; the cache tier stores, evicts and
+# clears chains of the same prompts (from their start or below a cached prefix), so stores split tails at any
+# offset too, and inserts start their tails below a cached prefix.
 stems = [[s * 1000 + t for t in range(24 * CHUNK)] for s in range(3)]
 prompt = st.tuples(
     st.integers(0, 2), st.integers(1, 24 * CHUNK), st.integers(0, 12 * CHUNK), st.integers(0, 9)
@@ -141,7 +196,29 @@ op = st.one_of(
         st.sampled_from(["best", "activate", "finish", "deactivate", "remove", "suspend", "resume"]),
         st.integers(0, 50),
     ),
+    st.tuples(st.just("cache_store"), st.tuples(prompt, st.just(0) | st.integers(0, 40), st.integers(1, 40))),
+    st.tuples(
+        st.just("cache_store_held"),
+        st.tuples(st.integers(0, 50), st.just(0) | st.integers(0, 40), st.integers(1, 40)),
+    ),
+    st.tuples(st.just("cache_remove"), st.tuples(prompt, st.integers(0, 40))),
+    st.tuples(st.just("cache_clear"), st.none()),
 )
+
+
+def prompt_tokens(stem, cut, num_private, salt):
+    return stems[stem][:cut] + [100_000 + salt * 1000 + t for t in range(num_private)]
+
+
+def same_outcome(trees, method, *args):
+    """`tree.method(*args)` on each tree: equal results, or refused by both."""
+    outcomes = []
+    for tree in trees:
+        try:
+            outcomes.append(("ok", getattr(tree, method)(*args)))
+        except HashChainError:
+            outcomes.append(("refused", None))
+    assert outcomes[0] == outcomes[1], outcomes
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -151,13 +228,30 @@ def test_native_matches_python_on_long_shared_prompts(native_cls, ops):
     rids: list[int] = []
     for name, arg in ops:
         if name == "insert":
-            stem, cut, num_private, salt = arg
-            tokens = stems[stem][:cut] + [100_000 + salt * 1000 + t for t in range(num_private)]
+            tokens = prompt_tokens(*arg)
             for tree in trees:
                 tree.insert(len(rids), array("q", tokens))
             rids.append(len(rids))
-            continue
-        if name == "best":
+        elif name in ("cache_store", "cache_store_held"):
+            spec, start, length = arg
+            if name == "cache_store":
+                hashes = chunk_hashes(prompt_tokens(*spec), CHUNK)
+            else:  # a tracked request's prompt (a tail's chunks, most of the time)
+                live = [rid for rid in rids if rid in trees[0]]
+                if not live:
+                    continue
+                hashes = list(trees[0].path_hashes(live[spec % len(live)]))
+            start %= len(hashes)
+            chain, parent = hashes[start : start + length], hashes[start - 1] if start else None
+            same_outcome(trees, "cache_store", chain, parent)
+        elif name == "cache_remove":
+            spec, at = arg
+            hashes = chunk_hashes(prompt_tokens(*spec), CHUNK)
+            same_outcome(trees, "cache_remove", [hashes[at % len(hashes)], 12345])
+        elif name == "cache_clear":
+            for tree in trees:
+                tree.cache_clear()
+        elif name == "best":
             candidate = trees[0].best()
             if candidate is not None:
                 for tree in trees:
