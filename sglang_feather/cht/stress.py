@@ -27,10 +27,11 @@ def run_stress(
     max_requests: int = 300,
     tree_cls: type = PythonTree,
 ) -> StressResult:
-    """Random insert/activate/best/deactivate/finish/remove/suspend/resume over shared-prefix groups; the
-    tree's best(), oldest(), prefix_order(), shared depth and counts are compared with the brute-force
-    reference and all invariants are checked every `check_every` operations (and at the end). Raises
-    AssertionError on the first disagreement."""
+    """Random insert/activate/best/deactivate/finish/remove/suspend/resume over shared-prefix groups, and the
+    engine's cache events (stores of a tracked or new prompt's chain, from its start or below a cached prefix;
+    evictions; clears); the tree's best(), oldest(), prefix_order(), shared depth, counts and cached chunks
+    are compared with the brute-force reference and all invariants are checked every `check_every`
+    operations (and at the end). Raises AssertionError on the first disagreement."""
     rng = random.Random(seed)
     chunk = 4
     tree, ref = tree_cls(chunk_size=chunk), ReferenceTree()
@@ -45,13 +46,14 @@ def run_stress(
         pool[i], pool[-1] = pool[-1], pool[i]
         return pool.pop()
 
+    def new_prompt() -> list[int]:
+        group = rng.choice(groups)
+        return group[: rng.randrange(1, len(group) + 1)] + [rng.randrange(9) for _ in range(rng.randrange(6))]
+
     for op in range(num_ops):
         roll = rng.random()
         if roll < 0.30 and len(waiting) + len(active) < max_requests:
-            group = rng.choice(groups)
-            tokens = group[: rng.randrange(1, len(group) + 1)] + [
-                rng.randrange(9) for _ in range(rng.randrange(6))
-            ]
+            tokens = new_prompt()
             hashes = chunk_hashes(tokens, chunk)
             # Token ids first, then an engine's hashes (the compiled core then indexes every chunk).
             if op < num_ops // 2:
@@ -97,6 +99,24 @@ def run_stress(
             else:
                 tree.suspend(rid)
                 ref.suspend(rid)
+        elif roll < 0.97:
+            # The engine caches part of a tracked prompt (splitting the compiled core's tails) or a new one.
+            tracked = waiting + active
+            if tracked and rng.random() < 0.7:
+                hashes = ref.hashes[rng.choice(tracked)]
+            else:
+                hashes = chunk_hashes(new_prompt(), chunk)
+            first = 0 if rng.random() < 0.5 else rng.randrange(len(hashes))
+            end = rng.randrange(first + 1, len(hashes) + 1)
+            parent = hashes[first - 1] if first else None
+            stored = tree.cache_store(hashes[first:end], parent)
+            assert stored == ref.cache_store(hashes[first:end], parent), "cache_store count"
+        elif roll < 0.99 and ref.cache:
+            doomed = [rng.choice(list(ref.cache)) for _ in range(rng.randrange(1, 3))]
+            assert tree.cache_remove(doomed) == ref.cache_remove(doomed), "cache_remove count"
+        elif roll < 0.992 or len(ref.cache) > 4 * max_requests:
+            tree.cache_clear()
+            ref.cache_clear()
         else:
             tree.best()
         if (op + 1) % check_every == 0:
@@ -115,6 +135,9 @@ def _compare(tree: PythonTree, ref: ReferenceTree) -> None:
     assert tree.shared_depth == ref.shared_depth()
     assert tree.num_waiting == len(ref.ids(RequestState.WAITING))
     assert tree.num_active == len(ref.ids(RequestState.ACTIVE))
+    assert tree.num_cached == len(ref.cache)
+    for rid in ref.ids(RequestState.WAITING):
+        assert tree.candidate(rid) == ref.describe(rid), (tree.candidate(rid), ref.describe(rid))
 
 
 def main() -> None:
