@@ -28,8 +28,10 @@ from sglang_feather.types import ChunkHash, RequestId
 # core holds this wrapper's request id -> handle dict and handle -> request id list, builds the `Candidate`,
 # keeps the one-slot `best()` cache and raises the same exceptions as the Python core (every check happens
 # before the first mutation there too). Token buffers (numpy, array.array) are hashed in place, with no copy;
-# other sequences are packed and validated by `token_bytes` first, exactly as the Python core does. Queries
-# go through the Python methods below, which map ids to handles.
+# other sequences are packed and validated by `token_bytes` first, exactly as the Python core does. The cache
+# tier's events and queries (`cache_store`, `cache_remove`, `cache_clear`, `is_cached`, `num_cached`) take
+# hashes, not request ids, and are the core's own methods too. Queries by request id go through the Python
+# methods below, which map ids to handles.
 
 _STATES = (None, RequestState.WAITING, RequestState.ACTIVE)
 _BUFFERS = (np.ndarray, array)
