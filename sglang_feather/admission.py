@@ -145,11 +145,20 @@ class AdmissionConfig:
     state_tag: Mapping[str, str] = field(default_factory=dict)
     """Where a learned state comes from (engine, model, device); a state file saved under another tag is not
     loaded (warning, fresh start)."""
+    cache_events: bool = False
+    """The adapter feeds the engine's KV-cache events (`Admission.cache_stored` / `cache_removed` /
+    `cache_cleared`): the cache tier then answers what the cache holds, with no per-candidate cache match."""
 
     def __post_init__(self) -> None:
         check_options(self)
         if isinstance(self.page_size, bool) or not isinstance(self.page_size, int) or self.page_size < 1:
             raise ValueError(f"page_size must be a positive integer, got {self.page_size!r}")
+        if self.cache_events and self.chunk_size % self.page_size:
+            raise ConfigError(
+                "chunk_size",
+                f"{self.chunk_size} tokens is not a whole number of the engine's {self.page_size}-token pages: "
+                "cache events name pages, and a chunk is cached only when all its pages are",
+            )
         try:
             make_policy(self.stopper, seed=self.seed, **self.stopper_options)
         except (TypeError, ValueError) as err:
@@ -210,6 +219,7 @@ class AdmissionStats:
     num_stops: int = 0
     num_withdrawn: int = 0
     num_deferred: int = 0
+    num_cache_events: int = 0
     num_windows: int = 0
     sum_delta: int = 0
     last_reward: float | None = None
@@ -228,6 +238,7 @@ class Admission:
         defer_uncached_prefix: bool = True,
         page_size: int = 1,
         state_tag: Mapping[str, str] | None = None,
+        cache_events: bool = False,
     ):
         self.tree = tree
         self.stopper = stopper
@@ -242,8 +253,10 @@ class Admission:
         self._frontiers: list[_CacheFrontier] = []
         self._defer_uncached_prefix = defer_uncached_prefix
         self._page_size = page_size
+        self._cache_events = cache_events
         self._state_tag = dict(state_tag or {})
         self._decided_this_pass = False
+        self._aged_this_pass = False
         self._window_open = False
         self._window_tokens = 0
         self._window_decode_s = 0.0
@@ -263,6 +276,7 @@ class Admission:
             defer_uncached_prefix=config.defer_uncached_prefix,
             page_size=config.page_size,
             state_tag=config.state_tag,
+            cache_events=config.cache_events,
         )
 
     # ----------------------------------------------------------------- request lifecycle
@@ -326,9 +340,35 @@ class Admission:
         self._arrivals.pop(request_id, None)
         return self.tree.discard(request_id)
 
+    # ----------------------------------------------------------------- the engine's cache
+
+    def cache_stored(self, hashes: Sequence[ChunkHash], parent: ChunkHash | None = None) -> int:
+        """The engine's cache now holds the chunk chain `hashes` below the prefix `parent` (None: from the
+        start); returns the chunks newly cached. See `ChunkedHashTree.cache_store`."""
+        self.stats.num_cache_events += 1
+        return self.tree.cache_store(hashes, parent)
+
+    def cache_removed(self, hashes: Sequence[ChunkHash]) -> int:
+        """The engine evicted these prefixes (and what extends them); returns the chunks uncached."""
+        self.stats.num_cache_events += 1
+        return self.tree.cache_remove(hashes)
+
+    def cache_cleared(self) -> None:
+        """The engine's cache was emptied."""
+        self.stats.num_cache_events += 1
+        self.tree.cache_clear()
+
     def forget_all(self) -> None:
-        """Drop every request (the stopper keeps what it learned); for an adapter that rebuilds its view."""
-        self.tree = ChunkedHashTree(self.tree.chunk_size)
+        """Drop every request (the stopper keeps what it learned, the cache tier what the engine's cache
+        holds); for an adapter that rebuilds its view. A tree that refuses to let its requests go is replaced
+        by an empty one (the cache tier then relearns from the next events)."""
+        tree = self.tree
+        try:
+            for rid in [*tree.waiting_ids(), *tree.active_ids()]:
+                tree.discard(rid)
+        except Exception:
+            logger.exception("Feather could not empty its tree; starting a new one without the cache tier")
+            self.tree = ChunkedHashTree(tree.chunk_size)
         self._arrivals.clear()
         self._skipped.clear()
         self._pass_admitted.clear()
@@ -346,6 +386,7 @@ class Admission:
         self._pass_admitted.clear()
         self._frontiers.clear()
         self._decided_this_pass = False
+        self._aged_this_pass = False
 
     def end_pass(self) -> None:
         """The pass is over: requests skipped in it compete again."""
@@ -364,10 +405,11 @@ class Admission:
         Deferred candidates are skipped for the rest of the pass and the next one is proposed. Engines that
         walk their own queue may name the request they are at (`request_id`): its proposal is returned as it
         is, deferred or not (then call `skip` or end the pass). `cached_tokens(rid)` is the prompt prefix the
-        engine's cache holds for a request; without it only this pass's own admissions count as in flight."""
+        engine's cache holds for a request (not needed with cache events); without either, only this pass's
+        own admissions count as in flight."""
         if request_id is not None:
             candidate = self.tree.candidate(request_id)
-            if self.guard.is_starved(self.wait_s(request_id)):
+            if self._is_due(request_id):
                 return self._proposal(candidate, batch_size, is_aged=True)
             deferred = self._is_in_flight(candidate, cached_tokens)
             return self._proposal(candidate, batch_size, is_aged=False, is_deferred=deferred)
@@ -384,14 +426,19 @@ class Admission:
         found = self._next_candidate(cached_tokens)
         return found[0].request_id if found is not None else None
 
+    def _is_due(self, request_id: RequestId) -> bool:
+        """The aging guard serves this request now: it is due and no due request was admitted in this pass."""
+        return not self._aged_this_pass and self.guard.is_starved(self.wait_s(request_id))
+
     def _next_candidate(self, cached_tokens) -> tuple[Candidate, bool] | None:
-        """(candidate, is_aged): the oldest request once it is starved, else the CHT's best not in flight."""
+        """(candidate, is_aged): the oldest request once it is due (one per pass), else the CHT's best not
+        in flight."""
         tree = self.tree
         while True:
             oldest = tree.oldest()
             if oldest is None:
                 return None
-            if self.guard.is_starved(self.wait_s(oldest)):
+            if self._is_due(oldest):
                 return tree.candidate(oldest), True
             candidate = tree.best()
             if not self._is_in_flight(candidate, cached_tokens):
@@ -420,11 +467,13 @@ class Admission:
 
     def _is_in_flight(self, candidate: Candidate, cached_tokens: Callable[[RequestId], int] | None) -> bool:
         """Running requests share chunks with the candidate beyond what the engine's cache holds."""
-        covered = candidate.num_chunks - candidate.num_missing
+        covered = candidate.depth_running
         if covered == candidate.num_chunks:
             covered -= 1  # a cache never matches a whole prompt: its last token is always computed
         if covered <= 0 or not self._defer_uncached_prefix:
             return False
+        if self._cache_events:
+            return covered > candidate.depth_cached
         if cached_tokens is None:
             return self._shares_only_this_pass(candidate, covered)
         page = self._page_size
@@ -480,6 +529,8 @@ class Admission:
         self.stats.sum_delta += proposal.candidate.delta
         if proposal.is_aged:
             self.stats.num_aged += 1
+            self._aged_this_pass = True
+            self.guard.admitted(self.wait_s(proposal.request_id))
         else:
             self._records.append(DecisionRecord(proposal.observation, Decision.ADD))
 

@@ -1,19 +1,32 @@
-"""Starvation guard: a candidate that has waited past a bound is admitted whatever the stopper says."""
+"""Starvation guard: a request that has waited up to a bound is admitted whatever the ranking and stopper say."""
 
 from __future__ import annotations
 
 import math
+from collections import deque
 
 DEFAULT_MAX_WAIT_S = 300.0
 """Five minutes; see docs/policy.md ("Aging guard") for why this leaves the paper's workloads unchanged."""
 
+LEAD_WINDOW = 16
+"""Aged admissions whose delay sets the lead (the guard follows changes in load within this many)."""
+
+# How it works.
+#
+# A request is *due* once its wait reaches `max_wait_s - lead_s`. The admission component serves at most one
+# due request per scheduling pass, oldest first, before it consults the ranking, and never defers it; the
+# requests that share its prefix then rank first by coverage and follow it, so a backlog of due requests
+# does not turn the schedule into first come, first served. An engine may still refuse a due request (its KV
+# room is short) until running requests finish; the pass then ends there, so the room that frees goes to it
+# first. The time from falling due to admission is that wait for room plus the wait for a pass of its own.
+# `lead_s` is the longest such delay over the last LEAD_WINDOW aged admissions (at most half the bound), so
+# a request falls due that much before the bound and its admission lands by the bound when the load that
+# set the lead persists.
+
 
 class AgingGuard:
-    """`is_starved(wait_s)` is true from `max_wait_s` on (inclusive); `max_wait_s=None` turns the guard off.
-
-    The admission component asks the guard about the oldest waiting request before it consults the
-    stopper, so the bound applies to every policy alike and no policy can starve a request forever.
-    """
+    """`is_starved(wait_s)` is true from `max_wait_s - lead_s` on (inclusive); `max_wait_s=None` turns the
+    guard off. `admitted(wait_s)` reports an aged admission, which updates the lead."""
 
     def __init__(self, max_wait_s: float | None = DEFAULT_MAX_WAIT_S) -> None:
         if max_wait_s is not None and not (
@@ -21,15 +34,31 @@ class AgingGuard:
         ):
             raise ValueError(f"AgingGuard max_wait_s must be a finite number > 0 or None, got {max_wait_s!r}")
         self.max_wait_s = None if max_wait_s is None else float(max_wait_s)
+        self.lead_s = 0.0
+        self._delays: deque[float] = deque(maxlen=LEAD_WINDOW)
 
     @property
     def enabled(self) -> bool:
         return self.max_wait_s is not None
 
+    @property
+    def due_wait_s(self) -> float | None:
+        """The wait from which a request is due (None: the guard is off)."""
+        return None if self.max_wait_s is None else self.max_wait_s - self.lead_s
+
     def is_starved(self, wait_s: float) -> bool:
         if math.isnan(wait_s):
             raise ValueError("AgingGuard.is_starved: wait_s is NaN")
-        return self.max_wait_s is not None and wait_s >= self.max_wait_s
+        due = self.due_wait_s
+        return due is not None and wait_s >= due
+
+    def admitted(self, wait_s: float) -> None:
+        """A due request was admitted after waiting `wait_s`: the delay since it fell due sets the lead."""
+        due = self.due_wait_s
+        if due is None or math.isnan(wait_s):
+            return
+        self._delays.append(max(0.0, wait_s - due))
+        self.lead_s = min(max(self._delays), self.max_wait_s / 2)
 
     def __repr__(self) -> str:
-        return f"AgingGuard(max_wait_s={self.max_wait_s!r})"
+        return f"AgingGuard(max_wait_s={self.max_wait_s!r}, lead_s={self.lead_s:.3g})"

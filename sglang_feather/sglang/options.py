@@ -134,13 +134,15 @@ def options_to_config(
     page_size: int = 1,
     defer_uncached_prefix: bool | None = None,
     state_tag: Mapping[str, str] | None = None,
+    cache_events: bool = False,
 ) -> AdmissionConfig:
     """The shared admission component's config with what the scheduler sets: `page_size` and a forced
-    deferral setting from its cache, and the state tag."""
+    deferral setting from its cache, whether its KV events feed the cache tier, and the state tag."""
     admission = options.admission
     return replace(
         admission,
         page_size=page_size,
+        cache_events=cache_events,
         defer_uncached_prefix=(
             admission.defer_uncached_prefix if defer_uncached_prefix is None else defer_uncached_prefix
         ),

@@ -16,6 +16,7 @@ SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
 POLICY = "sglang.srt.managers.schedule_policy.SchedulePolicy"
 SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
+BUILD_KV_CACHE = "sglang.srt.mem_cache.kv_cache_builder.build_kv_cache"
 
 
 _registered = False
@@ -63,6 +64,7 @@ def register() -> None:
     from sglang_feather.sglang.policy import FeatherSchedulePolicy
 
     HookRegistry.register(POLICY, FeatherSchedulePolicy, HookType.REPLACE)
+    HookRegistry.register(BUILD_KV_CACHE, _before_build_kv_cache, HookType.BEFORE)
     for target, (hook, _params) in HOOKS.items():
         HookRegistry.register(target, hook, HookType.AFTER)
 
@@ -79,7 +81,8 @@ def check_sglang() -> str | None:
             f"sglang-feather supports SGLang {SUPPORTED_SGLANG} only, found {version}: "
             f"pip install 'sglang=={SUPPORTED_SGLANG}', or use another --schedule-policy"
         )
-    for target, (_hook, params) in {POLICY: (None, ("policy", "tree_cache")), **HOOKS}.items():
+    expected = {POLICY: (None, ("policy", "tree_cache")), BUILD_KV_CACHE: (None, ()), **HOOKS}
+    for target, (_hook, params) in expected.items():
         try:
             signature = inspect.signature(pkgutil.resolve_name(target))
         except (ImportError, AttributeError, ValueError) as err:
@@ -97,6 +100,17 @@ def _refuse_feather(server_args: Any, _cls: type, args: Any) -> None:
 
     if getattr(args, "schedule_policy", None) == FEATHER:
         raise FeatherOptionsError(_startup_error)
+
+
+def _before_build_kv_cache(*args: Any, **kwargs: Any) -> tuple[tuple, dict] | None:
+    """`--schedule-policy feather` builds its tree cache with KV-event recording on: the events feed Feather's
+    cache tier (SGLang's own publisher still gets them when `--kv-events-config` is set)."""
+    from sglang_feather.sglang.options import FEATHER
+
+    server_args = kwargs.get("server_args")
+    if getattr(server_args, "schedule_policy", None) != FEATHER or kwargs.get("enable_kv_cache_events"):
+        return None
+    return args, {**kwargs, "enable_kv_cache_events": True}
 
 
 def _after_add_cli_args(_result: None, parser: Any) -> None:

@@ -39,13 +39,20 @@ class FeatherSchedulePolicy(_sglang_policy.SchedulePolicy):
         metrics: FeatherMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         state_tag: Mapping[str, str] | None = None,
+        publish_events: bool = False,
     ) -> None:
-        """Replace the default runtime with one built from the server's options (scheduler startup)."""
+        """Replace the default runtime with one built from the server's options (scheduler startup);
+        `publish_events`: SGLang's own KV-event publisher also drains the tree cache's events."""
         if self.feather is None:
             raise ValueError(f"configure() needs schedule policy {FEATHER!r}")
         self.feather.close()
         self.feather = FeatherRuntime(
-            options, metrics, clock, tree_cache=self.tree_cache, state_tag=state_tag
+            options,
+            metrics,
+            clock,
+            tree_cache=self.tree_cache,
+            state_tag=state_tag,
+            publish_events=publish_events,
         )
         self._adder_classes.clear()
 

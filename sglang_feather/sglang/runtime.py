@@ -12,6 +12,7 @@ from sglang.srt.mem_cache.common import match_kv_cache
 
 from sglang_feather.admission import Admission, Proposal
 from sglang_feather.policy.base import Decision
+from sglang_feather.sglang.cache_events import EventTap, EventTranslator, events_enabled
 from sglang_feather.sglang.metrics import FeatherMetrics
 from sglang_feather.sglang.mirror import QueueMirror
 from sglang_feather.sglang.options import FeatherOptions, options_to_config
@@ -29,9 +30,11 @@ SAVE_INTERVAL_S = 30.0
 # Feather's first candidate to the head of `waiting_queue`; SGLang's admission loop walks that list and calls
 # the adder, which asks `admit` for each request it reaches. After every admission the next candidate is moved
 # into the slot the loop reaches next (one `list.index` and one move: C-speed, no Python loop over W), so the
-# loop walks Feather's order while SGLang's token and KV budgets keep the last word. Candidates whose prefix an
-# in-flight prefill is computing are skipped by the admission component (the cache view is SGLang's own
-# `match_kv_cache`, the same match `lpm` makes); when Feather has nothing more to offer the pass ends. The
+# loop walks Feather's order while SGLang's token and KV budgets keep the last word. What the prefix cache
+# holds comes from the cache's own KV events (`cache_events`, drained before every enqueue and at each pass
+# start), so the ranking prefers requests whose prefix is cached and candidates whose prefix an in-flight
+# prefill is computing are skipped, with no cache match per candidate; a cache that records no events falls
+# back to SGLang's own `match_kv_cache` for that check. When Feather has nothing more to offer the pass ends. The
 # batch launched at one step end has run by the next pass or step end (with the overlap scheduler, to within
 # one step), which reports it to the admission's reward window: a decode batch with its tokens, a batch
 # that computed prompt tokens (extend, mixed or not) as a prefill step; every `--feather-self-check-interval-s`
@@ -48,20 +51,29 @@ class FeatherRuntime:
         clock: Callable[[], float] = time.monotonic,
         tree_cache: Any = None,
         state_tag: Mapping[str, str] | None = None,
+        publish_events: bool = False,
     ) -> None:
         self.options = options
         self.metrics = metrics
         self.clock = clock
         self.tree_cache = tree_cache
         has_cache = tree_cache is not None and not getattr(tree_cache, "disable", False)
+        page_size = int(getattr(tree_cache, "page_size", 1) or 1)
+        cache_events = events_enabled(tree_cache) and options.admission.chunk_size % page_size == 0
         self.config = options_to_config(
             options,
-            page_size=int(getattr(tree_cache, "page_size", 1) or 1),
+            page_size=page_size,
             defer_uncached_prefix=options.admission.defer_uncached_prefix and has_cache,
             state_tag=state_tag,
+            cache_events=cache_events,
         )
         self.admission = Admission.from_config(self.config, clock=clock)
         self.mirror = QueueMirror(self.admission)
+        self.events: EventTap | None = None
+        """Drains the tree cache's KV events into the cache tier (None: the cache records none)."""
+        if cache_events:
+            translator = EventTranslator(self.admission, self.config.chunk_size)
+            self.events = EventTap(tree_cache, translator, publish=publish_events)
         self._queue: list[Any] | None = None
         self._fcfs_pass = False
         self._needs_rebuild = False
@@ -87,7 +99,16 @@ class FeatherRuntime:
 
     def on_queued(self, req: Any) -> None:
         """SGLang appended `req` to its waiting queue (a new request, or a retracted one)."""
-        self._guarded(self.mirror.queued, req)
+        self._guarded(self._queued, req)
+
+    def _queued(self, req: Any) -> None:
+        self._drain_events()
+        self.mirror.queued(req)
+
+    def _drain_events(self) -> None:
+        """Bring the cache tier up to the cache's events so far (what was stored before what arrives next)."""
+        if self.events is not None:
+            self.events.drain()
 
     def on_left(self, req: Any) -> None:
         """`req` finished or was aborted; it never comes back under this `Req` object."""
@@ -109,6 +130,7 @@ class FeatherRuntime:
         self._queue = waiting_queue
         self._fcfs_pass = False
         try:
+            self._drain_events()
             self._report_launched()
             self.admission.begin_pass()
             if self._needs_rebuild:
@@ -183,7 +205,7 @@ class FeatherRuntime:
     def _promote(self, slot: int) -> None:
         """Move the admission's next request into `queue[slot]`, the next one SGLang's loop reaches."""
         queue = self._queue
-        rid = self.admission.next_request(self._cached_tokens)
+        rid = self.admission.next_request(None if self.events is not None else self._cached_tokens)
         if queue is None or rid is None:
             return
         req = self.mirror.request(rid)
@@ -296,9 +318,12 @@ class FeatherRuntime:
             self.admission.save_state()
 
     def close(self) -> None:
-        """Forget every request and persist the learned state (when a state path is set)."""
+        """Forget every request, give the cache its own `take_events` back, and persist the learned state
+        (when a state path is set)."""
         if _BY_CACHE.get(id(self.tree_cache)) is self:
             del _BY_CACHE[id(self.tree_cache)]
+        if self.events is not None:
+            self.events.close()
         self.admission.forget_all()
         if self.config.state_path is not None:
             self.admission.save_state()

@@ -27,12 +27,16 @@ def on_policy_created(scheduler: Any) -> None:
     if context is not None and context.collector is not None and context.current_scheduler_metrics_enabled:
         metrics = FeatherMetrics(context.collector.labels)
     tag = state_tag(scheduler.server_args, getattr(scheduler, "gpu_id", 0))
-    scheduler.policy.configure(options, metrics, state_tag=tag)
+    publisher = getattr(scheduler, "kv_events_publisher", None)
+    publish = bool(getattr(publisher, "enable_kv_cache_events", False))
+    scheduler.policy.configure(options, metrics, state_tag=tag, publish_events=publish)
+    config = scheduler.policy.feather.config
     logger.info(
-        "Feather scheduling: %s (page size %d, deferral %s, metrics %s)",
+        "Feather scheduling: %s (page size %d, deferral %s, cache tier %s, metrics %s)",
         options,
-        scheduler.policy.feather.config.page_size,
-        "on" if scheduler.policy.feather.config.defer_uncached_prefix else "off",
+        config.page_size,
+        "on" if config.defer_uncached_prefix else "off",
+        "from the tree cache's KV events" if config.cache_events else "off (the cache records no KV events)",
         "on" if metrics is not None else "off",
     )
 

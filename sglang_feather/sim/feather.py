@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from sglang_feather.admission import Admission
 from sglang_feather.sim.policies import PassContext, PolicySetup
+from sglang_feather.types import ChunkHash
 
 # How it works.
 #
 # Arrivals are enqueued into Admission (their chunk hashing is charged as scheduler CPU), each pass is one
-# `Admission.select` whose `fits` callback is the engine's SGLang-budget admission and whose `cached_tokens`
-# is what the simulator's prefix cache holds for the request (so a request whose shared prefix is running
-# but not yet cached is skipped for the pass), and finish and retraction events go to Admission so its CHT
-# always equals the engine's queues. The stopper's reward window is Admission's own: each decode step's
+# `Admission.select` whose `fits` callback is the engine's SGLang-budget admission, and finish and retraction
+# events go to Admission so its CHT always equals the engine's queues. The prefix cache's block events feed
+# the cache tier, as SGLang's KV-event feed does in a server: a block hash is the CHT's hash of the same
+# prefix (both are the cumulative xxh64 of every token up to the block's end), so a stored block that ends
+# on a chunk boundary names a cached chunk, and every evicted block is passed on (the tier ignores the ones
+# that name no chunk). The tier then answers the in-flight check (a request whose shared prefix is running
+# but not yet cached is skipped for the pass) and the ranking by cached prefix. The stopper's reward window is Admission's own: each decode step's
 # tokens go to `on_decode_step` and each prefill step to `on_prefill_step` when the step ends, and
 # `on_batch_drained` when no request runs any more, as in the SGLang and vLLM adapters.
 
@@ -24,8 +30,31 @@ class FeatherPolicy:
     name = "feather"
 
     def __init__(self, name: str, setup: PolicySetup) -> None:
-        self.admission = Admission.from_config(setup.admission, clock=setup.clock)
+        config = replace(setup.admission, cache_events=True)
+        self.admission = Admission.from_config(config, clock=setup.clock)
+        self._chunk_size = config.chunk_size
         self._tokens: dict[str, np.ndarray] = {}
+        setup.cache.on_store.append(self._stored)
+        setup.cache.on_remove.append(self._removed)
+
+    def _stored(self, hashes: Sequence[int], ends: Sequence[int], first_new: int) -> None:
+        chunk = self._chunk_size
+        chain = [
+            ChunkHash(h)
+            for h, end in zip(hashes[first_new:], ends[first_new:], strict=True)
+            if end % chunk == 0
+        ]
+        if not chain:
+            return
+        start = ends[first_new - 1] if first_new else 0
+        boundary = start - start % chunk
+        parent = None
+        if boundary:
+            parent = ChunkHash(hashes[bisect.bisect_left(ends, boundary)])
+        self.admission.cache_stored(chain, parent)
+
+    def _removed(self, block_hash: int) -> None:
+        self.admission.cache_removed([ChunkHash(block_hash)])
 
     def prepare(self, rid: str, tokens: np.ndarray, max_new_tokens: int) -> None:
         self._tokens[rid] = tokens
@@ -34,7 +63,7 @@ class FeatherPolicy:
         self.admission.enqueue(rid, self._tokens[rid])
 
     def schedule(self, ctx: PassContext) -> None:
-        self.admission.select(ctx.num_running, fits=ctx.try_admit, cached_tokens=ctx.num_cached_tokens)
+        self.admission.select(ctx.num_running, fits=ctx.try_admit)
 
     def on_admitted(self, rids: Sequence[str]) -> None:
         return None

@@ -15,12 +15,18 @@ import numpy as np
 # exactly like a radix tree cut at block boundaries. A running request locks the path of its prompt;
 # unlocked blocks are evictable, and eviction removes least-recently-used leaves first (a parent becomes a
 # leaf when its last child goes), as SGLang's RadixCache does. The cache never holds more than its capacity;
-# `on_insert`/`on_evict` listeners let an engine adapter mirror the content in a real RadixCache.
+# `on_insert`/`on_evict` listeners let an engine adapter mirror the content in a real RadixCache, and
+# `on_store`/`on_remove` publish the block-level events an engine's KV-event feed carries (SGLang's
+# BlockStored / BlockRemoved): the chain of newly cached block hashes, and each evicted block's hash.
 
 InsertListener = Callable[[np.ndarray], None]
 """Called with the token ids of a whole newly cached path (root to its last new block)."""
 EvictListener = Callable[[np.ndarray, int], None]
 """Called with the token ids of an evicted block's path and the offset where the evicted block starts."""
+StoreListener = Callable[[Sequence[int], Sequence[int], int], None]
+"""Called with a cached path's block hashes, their end offsets, and the index of its first newly cached block."""
+RemoveListener = Callable[[int], None]
+"""Called with the hash of each evicted block (leaves first)."""
 
 
 class CacheFull(RuntimeError):
@@ -42,6 +48,8 @@ class PrefixCache:
     capacity_tokens: int
     on_insert: list[InsertListener] = field(default_factory=list)
     on_evict: list[EvictListener] = field(default_factory=list)
+    on_store: list[StoreListener] = field(default_factory=list)
+    on_remove: list[RemoveListener] = field(default_factory=list)
     num_tokens: int = 0
     num_evictable: int = 0
     _blocks: dict[int, _Block] = field(default_factory=dict)
@@ -85,6 +93,8 @@ class PrefixCache:
             path = tokens[: ends[-1]]
             for listener in self.on_insert:
                 listener(path)
+            for store in self.on_store:
+                store(hashes, ends, first_new)
         self.touch(hashes)
         return needed
 
@@ -132,6 +142,8 @@ class PrefixCache:
             freed += blk.num_tokens
             for listener in self.on_evict:
                 listener(blk.path, len(blk.path) - blk.num_tokens)
+            for remove in self.on_remove:
+                remove(h)
             if blk.parent is not None:
                 parent = self._blocks[blk.parent]
                 parent.num_children -= 1

@@ -6,10 +6,11 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+from sglang_feather.admission import AdmissionConfig
 from sglang_feather.sim.cost import PhysicsCostModel
 from sglang_feather.sim.cpu import FixedCpu, MeasuredCpu
 from sglang_feather.sim.engine import EngineConfig
@@ -99,12 +100,76 @@ def _batch_order() -> Iterator[Case]:
                 yield Case(f"{gpu} {label} {order}", workload, knobs, EngineConfig(batch_order=order), gpu)
 
 
+KV_PRESSURE = {
+    "rag": WorkloadConfig(
+        SharedPrefixSpec(zipf_alpha=0.9, num_requests=3000, rate=25.0, question_len=128, output_len=128),
+        num_docs=2000,
+        doc_len_range=(2048, 16384),
+    ),
+    "gsp-32zipf": WorkloadConfig(
+        SharedPrefixSpec(
+            num_groups=32,
+            num_requests=4000,
+            prefix_len=4096,
+            question_len=128,
+            output_len=128,
+            popularity="zipf",
+            zipf_alpha=1.1,
+            rate=40.0,
+        )
+    ),
+    "chat": WorkloadConfig(
+        SharedPrefixSpec(
+            num_requests=300, num_turns=5, prefix_len=1024, question_len=512, output_len=256, rate=5.0
+        ),
+        think_s=5.0,
+    ),
+}
+"""Issue 21's KV-limited shapes: RAG (2,000 documents of 2K-16K tokens, Zipf 0.9, Poisson 25 req/s, 3,000
+requests), 32 groups with 4K system prompts and Zipf(1.1) sizes at Poisson 40 req/s (4,000 requests), and
+300 five-turn conversations (think time 5 s). Question, output, system-prompt lengths and the chat rate are
+this sweep's choice (stated here)."""
+
+
+def _kv_pressure() -> Iterator[Case]:
+    for name, knobs in KV_PRESSURE.items():
+        workload = "chat" if name == "chat" else "rag" if name == "rag" else "gsp"
+        yield Case(f"a100-80gb {name}", workload, knobs, EngineConfig(), "a100-80gb")
+
+
+STARVATION = {
+    "overload": WorkloadConfig(
+        SharedPrefixSpec(
+            num_groups=4, num_requests=8000, prefix_len=8192, question_len=128, output_len=128, rate=100.0
+        )
+    ),
+    "keeps-up": WorkloadConfig(
+        SharedPrefixSpec(
+            num_groups=4, num_requests=2000, prefix_len=8192, question_len=128, output_len=128, rate=12.0
+        )
+    ),
+}
+"""20 cold 16K-token prompts among 4 hot groups with 8K system prompts: at 100 req/s (80 s of arrivals, far
+beyond what one GPU serves) and at 12 req/s (about 170 s)."""
+
+
+def _starvation() -> Iterator[Case]:
+    for gpu in ("a100-80gb", "h200"):
+        for name, knobs in STARVATION.items():
+            yield Case(f"{gpu} starvation {name}", "starvation", knobs, EngineConfig(), gpu)
+
+
 SWEEPS: dict[str, Callable[[], Iterator[Case]]] = {
     "demo": _demo,
     "rag": _rag,
     "no-sharing": _no_sharing,
     "batch-order": _batch_order,
+    "kv-pressure": _kv_pressure,
+    "starvation": _starvation,
 }
+
+VARIANTS: dict[str, tuple[str, dict]] = {"feather-noguard": ("feather", {"max_wait_s": None})}
+"""Extra policy names a sweep may run: a policy with some admission options changed."""
 
 METRICS = (
     ("x_fcfs", "x FCFS", "{:.2f}"),
@@ -122,9 +187,36 @@ WAIT_METRICS = tuple((f"max_wait_q{i}", f"max wait s, length Q{i}", "{:.1f}") fo
 """Longest queue wait per prompt-length quartile (Q1 shortest prompts): does waiting grow with length?"""
 
 
+STARVATION_METRICS = (
+    ("x_fcfs", "x FCFS", "{:.2f}"),
+    ("output_tok_s", "tok/s", "{:.0f}"),
+    ("cache_hit_rate", "hit %", "{:.1%}"),
+    ("cold_wait_p50_s", "cold wait p50 s", "{:.1f}"),
+    ("cold_wait_max_s", "cold wait max s", "{:.1f}"),
+    ("max_queue_wait_s", "max wait s (all)", "{:.1f}"),
+    ("wait_len_corr", "corr(wait,len)", "{:.2f}"),
+)
+
+
+def cold_waits(log) -> dict[str, float]:
+    """Queue waits of the starvation trace's cold prompts (groups named cold*); empty for other traces."""
+    waits = [r.admit_s - r.arrival_s for r in log.requests if r.group.startswith("cold")]
+    if not waits:
+        return {}
+    return {"cold_wait_p50_s": float(np.median(waits)), "cold_wait_max_s": float(max(waits))}
+
+
 def _cell(values: list[float], fmt: str) -> str:
     med, low, high = (fmt.format(float(f(values))) for f in (np.median, min, max))
     return med if low == high else f"{med} [{low}-{high}]"
+
+
+def run_spec(policy: str) -> RunSpec:
+    """The run of a policy name or of a variant in VARIANTS."""
+    if policy not in VARIANTS:
+        return RunSpec(policy)
+    base, changes = VARIANTS[policy]
+    return RunSpec(base, replace(AdmissionConfig(), **changes))
 
 
 def run_case(case: Case, policies: tuple[str, ...], seeds: list[int], cpu) -> list[dict]:
@@ -134,8 +226,8 @@ def run_case(case: Case, policies: tuple[str, ...], seeds: list[int], cpu) -> li
         requests = make_workload(case.workload, case.knobs.with_spec(seed=seed))
         base = None
         for policy in policies:
-            log = simulate(requests, cost, RunSpec(policy), case.engine, cpu)
-            s = summarize(policy, log)
+            log = simulate(requests, cost, run_spec(policy), case.engine, cpu)
+            s = replace(summarize(policy, log), policy=policy)
             quartiles = wait_by_length(log, 4, 20.0)
             over = sum(b.num_over for b in quartiles)
             base = s.output_tok_s if policy == "fcfs" else base
@@ -143,6 +235,7 @@ def run_case(case: Case, policies: tuple[str, ...], seeds: list[int], cpu) -> li
             row |= {**asdict(s), "num_wait_over": over}
             row |= {f"max_wait_q{i + 1}": b.wait_max_s for i, b in enumerate(quartiles)}
             row["x_fcfs"] = s.output_tok_s / base if base else float("nan")
+            row |= cold_waits(log)
             rows.append(row)
             print(
                 f"{case.label} seed={seed} {policy}: {s.output_tok_s:.0f} tok/s", file=sys.stderr, flush=True
@@ -223,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.only in case.label:
                 rows += run_case(case, policies, list(range(args.seeds)), cpu)
     print(table(rows, policies))
+    if rows and all("cold_wait_max_s" in r for r in rows):
+        print()
+        print(table(rows, policies, STARVATION_METRICS))
     if all("max_wait_q1" in r for r in rows):
         print()
         print(table(rows, policies, WAIT_METRICS))

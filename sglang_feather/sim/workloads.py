@@ -31,6 +31,10 @@ class WorkloadConfig:
     doc_len_range: tuple[int, int] = (3000, 32000)
     questions_range: tuple[int, int] = (5, 20)
     think_s: float = 1.0
+    num_cold: int = 20
+    """starvation: cold prompts among the hot groups."""
+    cold_len: int = 16384
+    """starvation: tokens of each cold prompt (shared with nothing)."""
 
     def with_spec(self, **changes: Any) -> WorkloadConfig:
         """This config with the spec's fields `changes` replaced."""
@@ -145,6 +149,26 @@ def multi_turn_chat(cfg: WorkloadConfig) -> list[SimRequest]:
     return [_sim_request(r, f"c{r.member}", cfg.think_s) for r in spec.requests()]
 
 
+def starvation(cfg: WorkloadConfig) -> list[SimRequest]:
+    """The aging guard's test: `num_cold` cold prompts of `cold_len` tokens (sharing nothing) among the hot
+    generated-shared-prefix traffic of the spec (its groups, prefix, rate), each cold prompt arriving at a
+    uniformly drawn time within the hot trace's arrival span."""
+    hot = generated_shared_prefix(cfg)
+    rng = np.random.default_rng(cfg.spec.seed + 1)
+    span = max(r.arrival_s for r in hot)
+    cold = [
+        SimRequest(
+            f"cold{i}",
+            float(rng.uniform(0.0, span)),
+            cfg.spec.output_len,
+            (Segment(f"s{cfg.spec.seed}/cold{i}", cfg.cold_len),),
+            group=f"cold{i}",
+        )
+        for i in range(cfg.num_cold)
+    ]
+    return sorted(hot + cold, key=lambda r: r.arrival_s)
+
+
 WORKLOADS: dict[str, Callable[[WorkloadConfig], list[SimRequest]]] = {
     "gsp": generated_shared_prefix,
     "paper": paper,
@@ -152,6 +176,7 @@ WORKLOADS: dict[str, Callable[[WorkloadConfig], list[SimRequest]]] = {
     "rag": rag,
     "chat": multi_turn_chat,
     "none": no_sharing,
+    "starvation": starvation,
 }
 
 

@@ -180,7 +180,11 @@ def test_option_checks():
     assert OPTIONS["stopper"].problem("qlearn") is None
     err = ConfigError("max_wait_s", "must be > 0")
     assert str(err) == "max_wait_s must be > 0" and str(err.shown_as("--x")) == "--x must be > 0"
-    assert [f.name for f in fields(AdmissionConfig) if f.name not in OPTIONS] == ["page_size", "state_tag"]
+    assert [f.name for f in fields(AdmissionConfig) if f.name not in OPTIONS] == [
+        "page_size",
+        "state_tag",
+        "cache_events",
+    ]
     assert all(isinstance(opt, Option) and opt.help and opt.metavar for opt in OPTIONS.values())
 
 
