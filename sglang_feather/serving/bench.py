@@ -98,6 +98,10 @@ class BenchConfig:
     request_rate: float | None = None
     seed: int = 1
     warmup_requests: int = 1
+    flush_cache: bool = False
+    """Flush the server's prefix cache after the warmup requests, so the run starts cold."""
+    output_details: bool = False
+    """Per-request TTFTs and inter-token gaps in the result line (gives `BenchResult.e2e_max_ms`)."""
     extra_args: tuple[str, ...] = ()
 
 
@@ -115,6 +119,9 @@ class BenchResult:
     tpot_p50_ms: float
     tpot_p99_ms: float
     cache_hit_rate: float | None
+    e2e_p50_ms: float | None = None
+    e2e_max_ms: float | None = None
+    """Slowest request's first token plus its inter-token gaps (None without `--output-details`)."""
 
     @property
     def num_failed(self) -> int:
@@ -137,9 +144,28 @@ class BenchResult:
                 tpot_p50_ms=float(record["median_tpot_ms"]),
                 tpot_p99_ms=float(record["p99_tpot_ms"]),
                 cache_hit_rate=float(cache["cache_hit_rate_pct"]) / 100 if cache else None,
+                e2e_p50_ms=float(record["median_e2e_latency_ms"]),
+                e2e_max_ms=max_e2e_ms(record),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BenchError(f"bench_serving record lacks or mangles {exc}: keys {sorted(record)}") from exc
+
+
+def max_e2e_ms(record: Mapping) -> float | None:
+    """The largest time to a request's last token, from `--output-details` (successful requests only).
+
+    bench_serving's own E2E latency also counts the stream's closing chunk after the last token; the record
+    keeps only its percentiles, so the maximum is rebuilt from each request's TTFT and inter-token gaps.
+    """
+    if "ttfts" not in record:
+        return None
+    errors = record.get("errors") or [""] * len(record["ttfts"])
+    latencies = [
+        ttft + sum(itls)
+        for ttft, itls, error in zip(record["ttfts"], record["itls"], errors, strict=True)
+        if not error
+    ]
+    return 1000 * max(latencies) if latencies else None
 
 
 def read_result(path: Path, workload: Workload) -> BenchResult:
@@ -181,6 +207,10 @@ def bench_argv(
         argv += ["--max-concurrency", str(config.max_concurrency)]
     if config.request_rate is not None:
         argv += ["--request-rate", str(config.request_rate)]
+    if config.flush_cache:
+        argv.append("--flush-cache")
+    if config.output_details:
+        argv.append("--output-details")
     return argv + list(config.extra_args)
 
 

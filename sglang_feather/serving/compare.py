@@ -15,6 +15,7 @@ from sglang_feather.serving.bench import (
     run_bench,
 )
 from sglang_feather.serving.metrics import MetricsError, MetricsSnapshot, scrape
+from sglang_feather.serving.prefill_log import PrefillTotals, log_size, read_prefill_totals
 from sglang_feather.serving.process import stop_all
 from sglang_feather.serving.server import Server, ServerSpec, ServerStartError
 
@@ -35,6 +36,8 @@ class WorkloadRun:
     policy: str
     bench: BenchResult
     feather: Mapping[str, float] = field(default_factory=dict)
+    prefill: PrefillTotals | None = None
+    """The server's own prefill log over this workload (SGLang only; after bench_serving's cache flush)."""
 
     @property
     def feather_pass_s(self) -> float | None:
@@ -55,9 +58,15 @@ def feather_counters(delta: MetricsSnapshot) -> dict[str, float]:
     return {n: delta.total(n) or 0.0 for n in names}
 
 
-def measure(base_url: str, before: MetricsSnapshot, policy: str, bench: BenchResult) -> WorkloadRun:
+def measure(
+    base_url: str,
+    before: MetricsSnapshot,
+    policy: str,
+    bench: BenchResult,
+    prefill: PrefillTotals | None = None,
+) -> WorkloadRun:
     delta = scrape(base_url).minus(before)
-    return WorkloadRun(policy=policy, bench=bench, feather=feather_counters(delta))
+    return WorkloadRun(policy=policy, bench=bench, feather=feather_counters(delta), prefill=prefill)
 
 
 def run_policy(
@@ -69,21 +78,25 @@ def run_policy(
     tokenizer: str | None = None,
     python: str = sys.executable,
 ) -> PolicyRun:
-    """One server for `spec.policy`; the prefix cache is flushed before each workload after the first."""
+    """One server for `spec.policy`; the prefix cache is flushed before each workload after the first.
+
+    An SGLang server's log is read from where it stood before each workload, for the prefill totals.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = []
-    with Server(spec, log_path=out_dir / "server.log", python=python) as server:
+    log_path = out_dir / "server.log"
+    with Server(spec, log_path=log_path, python=python) as server:
         target = BenchTarget(
             server.base_url, spec.model, tokenizer or spec.model, server.engine.bench_backend
         )
         for index, workload in enumerate(workloads):
-            flush = ("--flush-cache",) if index else ()
-            run_config = replace(config, extra_args=config.extra_args + flush)
-            before = scrape(server.base_url)
+            run_config = replace(config, flush_cache=config.flush_cache or index > 0)
+            before, offset = scrape(server.base_url), log_size(log_path)
             bench = run_bench(target, workload, run_config, out_dir, python=python)
             if not server.is_running():
                 raise ServerDied(f"{spec.policy} server exited during {workload.name}\n{server.log_tail()}")
-            runs.append(measure(server.base_url, before, spec.policy, bench))
+            prefill = read_prefill_totals(log_path, offset) if spec.engine == "sglang" else None
+            runs.append(measure(server.base_url, before, spec.policy, bench, prefill))
         assert server.startup_s is not None
         return PolicyRun(spec.policy, server.startup_s, tuple(runs))
 

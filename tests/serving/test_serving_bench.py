@@ -32,6 +32,7 @@ def record(**overrides) -> dict:
         "p99_ttft_ms": 450.0,
         "median_tpot_ms": 12.0,
         "p99_tpot_ms": 30.0,
+        "median_e2e_latency_ms": 700.0,
         "cache_report": {"cache_hit_rate_pct": 77.5, "total_cached_tokens": 10},
         "server_info": {"ignored": True},
     }
@@ -149,3 +150,31 @@ def test_bench_env_is_offline_with_a_home_per_tokenizer(tmp_path):
     assert env_a["HF_HOME"] == "/home/u/.cache/huggingface"
     assert env_a["HOME"] != env_b["HOME"] and env_a["HOME"].startswith(str(tmp_path))
     assert bench_env(base, "models/a", tmp_path)["HOME"] == env_a["HOME"]
+
+
+def test_flush_and_details_reach_bench_serving(monkeypatch):
+    config = BenchConfig(flush_cache=True, output_details=True)
+    args = parsed_by_sglang(
+        monkeypatch, bench_argv("http://h:1", "m", "m", WORKLOAD, config, backend="sglang")
+    )
+    assert args.flush_cache and args.output_details
+    plain = parsed_by_sglang(
+        monkeypatch, bench_argv("http://h:1", "m", "m", WORKLOAD, BenchConfig(), backend="sglang")
+    )
+    assert not plain.flush_cache and not plain.output_details
+
+
+def test_e2e_max_is_rebuilt_from_the_details_of_successful_requests():
+    details = {
+        "ttfts": [0.1, 0.2, 0.0, 9.0],
+        "itls": [[0.05, 0.05], [0.3], [], [1.0]],
+        "errors": ["", "", "", "connection reset"],
+    }
+    result = BenchResult.from_record(record(**details), WORKLOAD)
+    assert result.e2e_max_ms == pytest.approx(500.0) and result.e2e_p50_ms == 700.0
+    assert BenchResult.from_record(record(), WORKLOAD).e2e_max_ms is None
+
+
+def test_details_of_unequal_lengths_are_a_bench_error():
+    with pytest.raises(BenchError):
+        BenchResult.from_record(record(ttfts=[0.1, 0.2], itls=[[0.1]], errors=["", ""]), WORKLOAD)
