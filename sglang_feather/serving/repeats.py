@@ -4,7 +4,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from sglang_feather.serving.bench import BenchResult
+from sglang_feather.serving.compare import WorkloadRun
 
 
 @dataclass(frozen=True)
@@ -26,18 +26,49 @@ class Spread:
 @dataclass(frozen=True)
 class Metric:
     header: str
-    value: Callable[[BenchResult], float | None]
+    value: Callable[[WorkloadRun], float | None]
     spec: str
 
 
+def hit_percent(run: WorkloadRun) -> float | None:
+    rate = run.bench.cache_hit_rate
+    return None if rate is None else 100 * rate
+
+
+def prefilled_tokens(run: WorkloadRun) -> float | None:
+    return None if run.prefill is None else run.prefill.new_tokens
+
+
+def retracted_reqs(run: WorkloadRun) -> float | None:
+    return None if run.prefill is None else run.prefill.retracted_reqs
+
+
+def seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000
+
+
+THROUGHPUT = "out tok/s"
+"""The column the per-repeat ratio to the baseline follows."""
+
 METRICS = (
-    Metric("hit %", lambda b: None if b.cache_hit_rate is None else 100 * b.cache_hit_rate, ".1f"),
-    Metric("out tok/s", lambda b: b.output_throughput, ".1f"),
-    Metric("TTFT p50", lambda b: b.ttft_p50_ms, ".0f"),
-    Metric("TTFT p99", lambda b: b.ttft_p99_ms, ".0f"),
-    Metric("TPOT p50", lambda b: b.tpot_p50_ms, ".1f"),
+    Metric("hit %", hit_percent, ".1f"),
+    Metric(THROUGHPUT, lambda r: r.bench.output_throughput, ".1f"),
+    Metric("TTFT p50", lambda r: r.bench.ttft_p50_ms, ".0f"),
+    Metric("TTFT p99", lambda r: r.bench.ttft_p99_ms, ".0f"),
+    Metric("TPOT p50", lambda r: r.bench.tpot_p50_ms, ".1f"),
 )
-"""What the summary reports per policy, in column order (ms for TTFT/TPOT, as in the serving table)."""
+"""What the demo's summary reports per policy, in column order (ms for TTFT/TPOT, as in the serving table)."""
+
+KV_PRESSURE_METRICS = (
+    Metric("hit %", hit_percent, ".1f"),
+    Metric("prefilled tok", prefilled_tokens, ".0f"),
+    Metric("retracted", retracted_reqs, ".0f"),
+    Metric("req/s", lambda r: r.bench.request_throughput, ".2f"),
+    Metric(THROUGHPUT, lambda r: r.bench.output_throughput, ".1f"),
+    Metric("E2E p50 s", lambda r: seconds(r.bench.e2e_p50_ms), ".1f"),
+    Metric("E2E max s", lambda r: seconds(r.bench.e2e_max_ms), ".1f"),
+)
+"""The KV-pressure preset's columns: what prefill cost (the server's own log) next to speed and latency."""
 
 RATIO_SPEC = ".2f"
 
@@ -54,8 +85,10 @@ class PolicySummary:
     """Output throughput over the baseline's in the same repeat (None: never side by side with it)."""
 
 
-def summarize(repeats: Sequence[Mapping[str, BenchResult]], baseline: str) -> list[PolicySummary]:
-    """One summary per policy, in first-seen order; `repeats[i]` maps policy -> its result in repeat i.
+def summarize(
+    repeats: Sequence[Mapping[str, WorkloadRun]], baseline: str, metrics: Sequence[Metric] = METRICS
+) -> list[PolicySummary]:
+    """One summary per policy, in first-seen order; `repeats[i]` maps policy -> its run in repeat i.
 
     A policy missing from a repeat (its run failed) only narrows its own spreads; ratios use only the repeats
     in which both it and the baseline finished, so drift between repeats never enters a ratio.
@@ -63,15 +96,16 @@ def summarize(repeats: Sequence[Mapping[str, BenchResult]], baseline: str) -> li
     policies = list(dict.fromkeys(p for repeat in repeats for p in repeat))
     summaries = []
     for policy in policies:
-        results = [repeat[policy] for repeat in repeats if policy in repeat]
+        runs = [repeat[policy] for repeat in repeats if policy in repeat]
+        results = [run.bench for run in runs]
         spreads = {}
-        for metric in METRICS:
-            values = [v for v in map(metric.value, results) if v is not None]
+        for metric in metrics:
+            values = [v for v in map(metric.value, runs) if v is not None]
             spreads[metric.header] = Spread.of(values) if values else None
         ratios = [
-            repeat[policy].output_throughput / repeat[baseline].output_throughput
+            repeat[policy].bench.output_throughput / repeat[baseline].bench.output_throughput
             for repeat in repeats
-            if policy in repeat and baseline in repeat and repeat[baseline].output_throughput > 0
+            if policy in repeat and baseline in repeat and repeat[baseline].bench.output_throughput > 0
         ]
         summaries.append(
             PolicySummary(
@@ -86,21 +120,22 @@ def summarize(repeats: Sequence[Mapping[str, BenchResult]], baseline: str) -> li
     return summaries
 
 
-def format_summary(summaries: Sequence[PolicySummary], baseline: str) -> str:
-    """Plain-text table: `median [min-max]` per cell; `x <baseline>` is the per-repeat throughput ratio."""
+def format_summary(
+    summaries: Sequence[PolicySummary], baseline: str, metrics: Sequence[Metric] = METRICS, legend: str = ""
+) -> str:
+    """Plain-text table: `median [min-max]` per cell; `x <baseline>` (after the throughput column) is the
+    per-repeat throughput ratio; `legend` is added to the standard one."""
     ratio_header = f"x {baseline}"
-    headers = ["policy", "runs", "done", "hit %", "out tok/s", ratio_header, *(m.header for m in METRICS[2:])]
+    columns = [
+        h for m in metrics for h in ((m.header, ratio_header) if m.header == THROUGHPUT else (m.header,))
+    ]
+    headers = ["policy", "runs", "done", *columns]
     rows = []
     for s in summaries:
-        cells = {m.header: _cell(s.spreads[m.header], m.spec) for m in METRICS}
+        cells = {m.header: _cell(s.spreads[m.header], m.spec) for m in metrics}
         cells[ratio_header] = _cell(s.throughput_ratio, RATIO_SPEC)
         rows.append(
-            [
-                s.policy,
-                str(s.num_runs),
-                f"{s.num_completed}/{s.num_requests}",
-                *(cells[h] for h in headers[3:]),
-            ]
+            [s.policy, str(s.num_runs), f"{s.num_completed}/{s.num_requests}", *map(cells.get, columns)]
         )
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     lines = [
@@ -108,11 +143,11 @@ def format_summary(summaries: Sequence[PolicySummary], baseline: str) -> str:
         "  ".join("-" * w for w in widths),
         *("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in rows),
     ]
-    legend = (
+    standard = (
         "median [min-max] over runs; TTFT/TPOT in ms; hit % = prompt tokens served from the prefix cache; "
         f"x {baseline} = output throughput over {baseline}'s in the same repeat"
     )
-    return "\n".join([*lines, legend])
+    return "\n".join([*lines, standard + (f"; {legend}" if legend else "")])
 
 
 def _cell(spread: Spread | None, spec: str) -> str:

@@ -3,15 +3,18 @@
 import pytest
 
 from sglang_feather.serving.bench import BenchResult
-from sglang_feather.serving.repeats import METRICS, Spread, format_summary, summarize
+from sglang_feather.serving.compare import WorkloadRun
+from sglang_feather.serving.prefill_log import PrefillTotals
+from sglang_feather.serving.repeats import KV_PRESSURE_METRICS, METRICS, Spread, format_summary, summarize
 
 
 def bench(
     throughput: float, hit: float | None = 0.5, ttft_p99: float = 9.0, completed: int = 10
-) -> BenchResult:
-    return BenchResult(
+) -> WorkloadRun:
+    result = BenchResult(
         "w", 10, completed, 1.0, 10.0, throughput, 2 * throughput, 5.0, ttft_p99, 1.0, 2.0, hit
     )
+    return WorkloadRun("p", result)
 
 
 def by_policy(summaries):
@@ -96,3 +99,47 @@ def test_table_has_one_row_per_policy_with_median_and_range_cells():
     assert feather.split()[:3] == ["feather", "2", "19/20"]
     assert "87.0 [86.0-88.0]" in feather and "90.0 [60.0-120.0]" in feather and "1.20 [1.20-1.20]" in feather
     assert "median [min-max]" in lines[-1] and "x fcfs" in lines[-1]
+
+
+def kv_run(policy: str, throughput: float, prefilled: int, e2e_max_ms: float) -> WorkloadRun:
+    result = BenchResult(
+        "w", 10, 10, 1.0, throughput / 10, throughput, 2 * throughput, 5.0, 9.0, 1.0, 2.0, 0.25,
+        e2e_p50_ms=e2e_max_ms / 2, e2e_max_ms=e2e_max_ms,
+    )  # fmt: skip
+    return WorkloadRun(policy, result, prefill=PrefillTotals(3, 10, prefilled, 100, retracted_reqs=1))
+
+
+def test_kv_pressure_table_reports_prefill_requests_and_latency_per_policy():
+    repeats = [
+        {
+            "fcfs": kv_run("fcfs", 100.0, 50_000, 9_000.0),
+            "feather": kv_run("feather", 120.0, 20_000, 6_000.0),
+        },
+        {"feather": kv_run("feather", 60.0, 22_000, 8_000.0), "fcfs": kv_run("fcfs", 50.0, 60_000, 12_000.0)},
+        {"fcfs": kv_run("fcfs", 80.0, 55_000, 10_000.0), "feather": kv_run("feather", 90.0, 21_000, 7_000.0)},
+    ]
+    summaries = summarize(repeats, "fcfs", KV_PRESSURE_METRICS)
+    lines = format_summary(
+        summaries, "fcfs", KV_PRESSURE_METRICS, "prefilled tok = the server log"
+    ).splitlines()
+    headers = [h.strip() for h in lines[0].split("  ") if h.strip()]
+    assert headers == [
+        "policy", "runs", "done", "hit %", "prefilled tok", "retracted", "req/s", "out tok/s", "x fcfs",
+        "E2E p50 s", "E2E max s",
+    ]  # fmt: skip
+    feather = lines[3]
+    assert feather.split()[:3] == ["feather", "3", "30/30"]
+    assert "21000 [20000-22000]" in feather and "1 [1-1]" in feather and "9.00 [6.00-12.00]" in feather
+    assert "7.0 [6.0-8.0]" in feather and "3.5 [3.0-4.0]" in feather and "1.20 [1.12-1.20]" in feather
+    assert (
+        "55000 [50000-60000]" in lines[2]
+        and "10.0 [9.0-12.0]" in lines[2]
+        and "8.00 [5.00-10.00]" in lines[2]
+    )
+    assert lines[-1].endswith("; prefilled tok = the server log")
+
+
+def test_runs_without_server_log_totals_show_dashes():
+    (fcfs,) = summarize([{"fcfs": bench(10.0)}], "fcfs", KV_PRESSURE_METRICS)
+    assert fcfs.spreads["prefilled tok"] is None and fcfs.spreads["E2E max s"] is None
+    assert fcfs.spreads["req/s"] == Spread(10.0, 10.0, 10.0)
