@@ -13,7 +13,7 @@ STRESS_OPS ?= 1000000
 PYTEST_ARGS ?=
 DEMO_ARGS  ?=
 
-.PHONY: setup setup-sglang setup-vllm setup-vllm033 model test test-fast test-core test-vllm lint bench stress demo sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
+.PHONY: setup setup-sglang setup-vllm setup-vllm033 model test test-fast test-core test-vllm lint bench stress demo demo-kv-pressure sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
 
 setup: setup-sglang setup-vllm setup-vllm033 model
 
@@ -71,6 +71,10 @@ stress: setup-sglang
 # e.g. make demo DEMO_ARGS='--repeat 5 --server-args=--disable-overlap-schedule'
 demo: setup-sglang model
 	$(PY) -m sglang_feather.demo --model $(MODEL) $(DEMO_ARGS)
+
+# The demo under KV pressure: 16 groups x 16 prompts, 2048-token prefixes, an 8192-token KV pool (docs/sglang.md)
+demo-kv-pressure: setup-sglang model
+	$(PY) -m sglang_feather.demo --kv-pressure --model $(MODEL) $(DEMO_ARGS)
 
 serving-bench-dry: setup-sglang model
 	$(PY) -m kernels_bench.serving --dry-small

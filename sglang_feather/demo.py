@@ -2,16 +2,24 @@
 
 import argparse
 import json
+import os
 import shlex
 import shutil
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from sglang_feather.serving import BenchConfig, ServerSpec, Workload, format_table, run_policies
+from sglang_feather.serving.compare import PolicyRun
 from sglang_feather.serving.process import exit_on_sigterm, run_cli
-from sglang_feather.serving.repeats import format_summary, summarize
+from sglang_feather.serving.repeats import (
+    KV_PRESSURE_METRICS,
+    METRICS,
+    Metric,
+    format_summary,
+    summarize,
+)
 from sglang_feather.workload import SHAPE_FIELDS, SharedPrefixSpec, WorkloadFlags
 
 DEFAULT_MODEL = "models/tiny-llama"
@@ -26,6 +34,44 @@ WORKLOAD_FLAGS = WorkloadFlags(
     per_group=True,
 )
 """The spec fields bench_serving's generated-shared-prefix dataset takes (it draws its own text, so no seed)."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named demo configuration: the workload, server flags, client settings and summary columns."""
+
+    name: str
+    spec: SharedPrefixSpec
+    max_concurrency: int
+    out: Path
+    server_args: tuple[str, ...] = ()
+    """Given to every server before `--server-args` (so the user's flags win)."""
+    flush_cache: bool = False
+    output_details: bool = False
+    metrics: tuple[Metric, ...] = METRICS
+    legend: str = ""
+
+
+DEMO = Preset("demo", WORKLOAD_FLAGS.base, max_concurrency=64, out=Path("results/demo"))
+KV_PRESSURE = Preset(
+    "kv-pressure",
+    SharedPrefixSpec.per_group(16, 16, prefix_len=2048, question_len=32, output_len=32),
+    max_concurrency=64,
+    out=Path("results/demo-kv-pressure"),
+    server_args=("--max-total-tokens", "8192"),
+    flush_cache=True,
+    output_details=True,
+    metrics=KV_PRESSURE_METRICS,
+    legend=(
+        "prefilled tok = sum of #new-token over the server's 'Prefill batch' log lines after bench_serving's "
+        "post-warmup cache flush; retracted = requests decode sent back to the queue for lack of KV (their "
+        "prompts are prefilled again); req/s = completed requests per second; E2E in s (max: the slowest "
+        "request's time to its last token)"
+    ),
+)
+"""A KV pool (8192 tokens) that holds the prefixes of 3 of the 16 groups at most; bench_serving shuffles the
+requests (seeded), so groups arrive interleaved. The cache is flushed after the warmup request."""
+
 FLAG_STRING_OPTIONS = ("--server-args", "--feather-args")
 """Options whose value is itself a command line: the next token is always their value."""
 
@@ -77,7 +123,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.add_argument_group("workload (bench_serving's generated-shared-prefix)"),
         aliases={"num_groups": ("--groups",), "prefix_len": ("--system-prompt-len",)},
     )
-    parser.add_argument("--max-concurrency", type=positive_int, default=64)
+    parser.add_argument(
+        "--kv-pressure",
+        action="store_true",
+        help=(
+            f"the KV-pressure preset: {KV_PRESSURE.spec.num_groups} groups x "
+            f"{KV_PRESSURE.spec.num_requests // KV_PRESSURE.spec.num_groups} prompts, "
+            f"{KV_PRESSURE.spec.prefix_len}-token prefixes, servers with {' '.join(KV_PRESSURE.server_args)}, "
+            "cache flushed after warmup, prefilled tokens from the server log (workload flags still override)"
+        ),
+    )
+    parser.add_argument(
+        "--max-concurrency", type=positive_int, default=None, help="default: the preset's (64)"
+    )
     parser.add_argument(
         "--server-args",
         default="",
@@ -88,10 +146,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="",
         help="extra flags for the feather server only, e.g. '--feather-stopper static'",
     )
-    parser.add_argument("--out", type=Path, default=Path("results/demo"))
+    parser.add_argument(
+        "--out", type=Path, default=None, help="default: results/demo (results/demo-kv-pressure)"
+    )
     args = parser.parse_args(join_flag_strings(sys.argv[1:] if argv is None else argv))
+    args.preset = KV_PRESSURE if args.kv_pressure else DEMO
+    args.max_concurrency = args.max_concurrency or args.preset.max_concurrency
+    args.out = args.out or args.preset.out
     try:
-        spec = WORKLOAD_FLAGS.spec(args)
+        spec = replace(WORKLOAD_FLAGS, base=args.preset.spec).spec(args)
         args.workload = Workload(
             f"gsp-{spec.num_groups}x{spec.num_requests // spec.num_groups}-{spec.prefix_len}", spec
         )
@@ -128,16 +191,41 @@ def repeat_order(policies: Sequence[str], repeat: int) -> list[str]:
 
 
 def server_specs(args: argparse.Namespace, device: str) -> dict[str, ServerSpec]:
-    """Policy -> its server: `--server-args` for all, `--feather-args` added for feather only."""
+    """Policy -> its server: the preset's flags and `--server-args` for all, `--feather-args` for feather."""
+    common = args.preset.server_args + args.server_args
     return {
         p: ServerSpec(
-            args.model,
-            p,
-            device=device,
-            extra_args=args.server_args + (args.feather_args if p == FEATHER else ()),
+            args.model, p, device=device, extra_args=common + (args.feather_args if p == FEATHER else ())
         )
         for p in args.policies
     }
+
+
+def load_average() -> str:
+    return "/".join(f"{load:.2f}" for load in os.getloadavg())
+
+
+def print_run_details(runs: Sequence[PolicyRun]) -> None:
+    """After a repeat's table: Feather's stopper counters and each server's own prefill totals."""
+    for run in runs:
+        counters = run.runs[0].feather
+        if FEATHER_COUNTERS[0] in counters:
+            print(f"{run.policy}: " + ", ".join(f"{n} {counters.get(n, 0):.0f}" for n in FEATHER_COUNTERS))
+        prefill = run.runs[0].prefill
+        if prefill is not None:
+            print(
+                f"{run.policy}: server log: {prefill.new_tokens} prompt tokens prefilled, "
+                f"{prefill.cached_tokens} cached, in {prefill.batches} prefill batches; "
+                f"{prefill.retracted_reqs} requests retracted"
+            )
+
+
+def bench_config(args: argparse.Namespace) -> BenchConfig:
+    return BenchConfig(
+        max_concurrency=args.max_concurrency,
+        flush_cache=args.preset.flush_cache,
+        output_details=args.preset.output_details,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -145,23 +233,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     exit_on_sigterm()
     check_model(args.model)
     device = pick_device(args.device)
-    workload = args.workload
-    config = BenchConfig(max_concurrency=args.max_concurrency)
+    workload, preset = args.workload, args.preset
     baseline = BASELINE if BASELINE in args.policies else args.policies[0]
-    print(
-        f"demo: model {args.model} on {device}; {workload.num_requests} requests ({workload.name}), "
-        f"max concurrency {args.max_concurrency}; {args.policies} x {args.repeat}; "
-        f"server args {list(args.server_args)}"
-    )
     specs = server_specs(args, device)
+    start_load = load_average()
+    print(
+        f"demo ({preset.name}): model {args.model} on {device}; {workload.num_requests} requests "
+        f"({workload.name}), max concurrency {args.max_concurrency}; {args.policies} x {args.repeat}; "
+        f"server args {list(preset.server_args + args.server_args)}; load average {start_load}"
+    )
     repeats, all_runs, num_failures = [], [], 0
     for index in range(args.repeat):
         order = repeat_order(args.policies, index)
-        print(f"\n== run {index + 1}/{args.repeat}: {', '.join(order)}", flush=True)
+        print(
+            f"\n== run {index + 1}/{args.repeat}: {', '.join(order)} (load average {load_average()})",
+            flush=True,
+        )
         runs, failures = run_policies(
             [specs[p] for p in order],
             [workload],
-            config,
+            bench_config(args),
             args.out / f"run{index + 1}",
             tokenizer=args.tokenizer,
             progress=lambda line: print(line, flush=True),
@@ -169,25 +260,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         num_failures += len(failures)
         if runs:
             print(format_table(runs))
-            for run in runs:
-                counters = run.runs[0].feather
-                if FEATHER_COUNTERS[0] in counters:
-                    print(
-                        f"{run.policy}: "
-                        + ", ".join(f"{n} {counters.get(n, 0):.0f}" for n in FEATHER_COUNTERS)
-                    )
-        repeats.append({r.policy: r.runs[0].bench for r in runs})
+            print_run_details(runs)
+        repeats.append({r.policy: r.runs[0] for r in runs})
         all_runs.append([asdict(r) for r in runs])
-    summaries = summarize(repeats, baseline)
+    summaries = summarize(repeats, baseline, preset.metrics)
     if summaries:
-        print(f"\n== {workload.name}, {args.repeat} run(s) per policy, a fresh server (cold cache) per run")
-        print(format_summary(summaries, baseline))
+        end_load = load_average()
+        print(
+            f"\n== {preset.name}: {workload.name}, {args.repeat} run(s) per policy, a fresh server (cold cache) "
+            f"per run; load average (1/5/15 min) {start_load} at start, {end_load} at end"
+        )
+        print(format_summary(summaries, baseline, preset.metrics, preset.legend))
         summary = args.out / "summary.json"
         record = {
             "argv": list(sys.argv[1:] if argv is None else argv),
-            "server_args": list(args.server_args),
+            "preset": preset.name,
+            "server_args": list(preset.server_args + args.server_args),
             "feather_args": list(args.feather_args),
             "max_concurrency": args.max_concurrency,
+            "load_average": {"start": start_load, "end": end_load},
             "workload": asdict(workload),
             "runs": all_runs,
             "summary": [asdict(s) for s in summaries],

@@ -100,3 +100,12 @@ def test_demo_server_args_reach_every_server_and_feather_args_only_feathers(tmp_
         assert parsed.schedule_policy == policy
         assert parsed.disable_overlap_schedule and parsed.max_running_requests == 32
         assert ("--feather-stopper" in spec.extra_args) == (policy == "feather")
+
+
+def test_kv_pressure_pool_overrides_the_cpu_profiles_and_keeps_sglangs_scheduling_defaults(tmp_path):
+    args = demo.parse_args(["--kv-pressure"])
+    for policy, spec in demo.server_specs(args, "cpu").items():
+        parsed = sglang_parse(server_flags(spec, tmp_path))
+        assert parsed.schedule_policy == policy and parsed.max_total_tokens == 8192
+        assert not parsed.disable_overlap_schedule and not parsed.disable_radix_cache
+        assert parsed.chunked_prefill_size is None and parsed.page_size == 16

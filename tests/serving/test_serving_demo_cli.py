@@ -3,6 +3,7 @@
 import pytest
 
 from sglang_feather import demo
+from sglang_feather.serving.repeats import KV_PRESSURE_METRICS
 from sglang_feather.workload import SHAPE_FIELDS, SharedPrefixSpec
 
 
@@ -113,3 +114,41 @@ def test_workload_flags_are_the_specs_with_the_old_spellings_kept():
     assert "--gsp-zipf-alpha" in zipf.dataset_args() and "--gsp-ordered" in zipf.dataset_args()
     options = {opt.name for opt in demo.WORKLOAD_FLAGS.options()}
     assert options == {*SHAPE_FIELDS, "prompts_per_group"}
+
+
+def test_kv_pressure_preset_shape_server_flags_and_bench_settings():
+    args = demo.parse_args(["--kv-pressure"])
+    assert args.preset is demo.KV_PRESSURE
+    assert args.workload.spec == SharedPrefixSpec.per_group(
+        16, 16, prefix_len=2048, question_len=32, output_len=32
+    )
+    assert args.workload.name == "gsp-16x16-2048" and args.workload.spec.order == "random"
+    assert args.max_concurrency == 64 and str(args.out) == "results/demo-kv-pressure"
+    config = demo.bench_config(args)
+    assert config.flush_cache and config.output_details and config.max_concurrency == 64
+    assert demo.KV_PRESSURE.metrics is KV_PRESSURE_METRICS
+
+
+def test_plain_demo_keeps_its_defaults():
+    args = demo.parse_args([])
+    assert args.preset is demo.DEMO and args.max_concurrency == 64 and str(args.out) == "results/demo"
+    config = demo.bench_config(args)
+    assert not config.flush_cache and not config.output_details
+    assert all(spec.extra_args == () for spec in demo.server_specs(args, "cpu").values())
+
+
+def test_kv_pressure_flags_override_the_preset_and_user_server_args_come_last():
+    args = demo.parse_args(
+        ["--kv-pressure", "--groups", "4", "--prefix-len", "256", "--max-concurrency", "8", "--out", "x"]
+    )
+    assert (args.workload.spec.num_groups, args.workload.num_requests, args.workload.spec.prefix_len) == (
+        4,
+        64,
+        256,
+    )
+    assert args.max_concurrency == 8 and str(args.out) == "x"
+    args = demo.parse_args(["--kv-pressure", "--server-args=--max-total-tokens 4096", "--feather-args=--y"])
+    specs = demo.server_specs(args, "cpu")
+    assert specs["fcfs"].extra_args == ("--max-total-tokens", "8192", "--max-total-tokens", "4096")
+    assert specs["feather"].extra_args[-1] == "--y"
+
