@@ -33,6 +33,7 @@ from sglang_feather.options import (
 )
 from sglang_feather.policy import DEFAULT_MAX_WAIT_S, AgingGuard, make_policy, policy_names
 from sglang_feather.policy.base import Decision, DecisionRecord, Observation, StoppingPolicy
+from sglang_feather.policy.context import is_forced
 from sglang_feather.policy.persist import load_state, save_state
 from sglang_feather.types import ChunkHash, RequestId
 
@@ -216,6 +217,9 @@ class AdmissionStats:
 
     num_admitted: int = 0
     num_aged: int = 0
+    num_consults: int = 0
+    """Candidates on which the stopper had a choice: not aged, not deferred, and not forced by its own rule
+    (an empty batch, or Δ = 0: nothing shared is at stake; `policy.context.is_forced`)."""
     num_stops: int = 0
     num_withdrawn: int = 0
     num_deferred: int = 0
@@ -393,6 +397,7 @@ class Admission:
         self._resume_skipped()
         self._pass_admitted.clear()
         self._frontiers.clear()
+        self._aged_this_pass = False
 
     def propose(
         self,
@@ -463,6 +468,7 @@ class Admission:
         if not self._decided_this_pass:
             self._decided_this_pass = True
             self._roll_window()
+        self.stats.num_consults += not is_forced(observation)
         return Proposal(candidate, observation, self.stopper.decide(observation), is_aged=False)
 
     def _is_in_flight(self, candidate: Candidate, cached_tokens: Callable[[RequestId], int] | None) -> bool:

@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="paper",
         help="gsp: SGLang generated-shared-prefix; paper: 8 groups x 100; leval: long documents with "
         "several questions; rag: Zipf-popular documents + a question; chat: multi-turn conversations; "
-        "none: no sharing",
+        "none: no sharing; starvation: cold prompts among gsp's hot groups",
     )
     w.add_argument("--trace", help="replay this JSONL trace instead of generating a workload")
     w.add_argument("--export-trace", help="write the (generated) trace to this JSONL file")
@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--think-s", type=float, default=d.think_s, help="chat: seconds between a reply and the next turn"
     )
+    w.add_argument("--num-cold", type=int, default=d.num_cold, help="starvation: cold prompts among the hot")
+    w.add_argument("--cold-len", type=int, default=d.cold_len, help="starvation: tokens per cold prompt")
     w.add_argument(
         "--sweep", help="KEY=V1,V2,...: rerun for each value of a workload option, e.g. prefix_len=1024,4096"
     )

@@ -102,14 +102,14 @@ def _batch_order() -> Iterator[Case]:
 
 KV_PRESSURE = {
     "rag": WorkloadConfig(
-        SharedPrefixSpec(zipf_alpha=0.9, num_requests=3000, rate=25.0, question_len=128, output_len=128),
-        num_docs=2000,
+        SharedPrefixSpec(zipf_alpha=0.9, num_requests=1500, rate=25.0, question_len=128, output_len=128),
+        num_docs=1000,
         doc_len_range=(2048, 16384),
     ),
     "gsp-32zipf": WorkloadConfig(
         SharedPrefixSpec(
             num_groups=32,
-            num_requests=4000,
+            num_requests=2000,
             prefix_len=4096,
             question_len=128,
             output_len=128,
@@ -120,15 +120,15 @@ KV_PRESSURE = {
     ),
     "chat": WorkloadConfig(
         SharedPrefixSpec(
-            num_requests=300, num_turns=5, prefix_len=1024, question_len=512, output_len=256, rate=5.0
+            num_requests=150, num_turns=5, prefix_len=1024, question_len=512, output_len=256, rate=5.0
         ),
         think_s=5.0,
     ),
 }
-"""Issue 21's KV-limited shapes: RAG (2,000 documents of 2K-16K tokens, Zipf 0.9, Poisson 25 req/s, 3,000
-requests), 32 groups with 4K system prompts and Zipf(1.1) sizes at Poisson 40 req/s (4,000 requests), and
-300 five-turn conversations (think time 5 s). Question, output, system-prompt lengths and the chat rate are
-this sweep's choice (stated here)."""
+"""Issue 21's KV-limited shapes at half its sizes (so a 2-core machine runs them): RAG (1,000 documents of
+2K-16K tokens, Zipf 0.9, Poisson 25 req/s, 1,500 requests), 32 groups with 4K system prompts and Zipf(1.1)
+sizes at Poisson 40 req/s (2,000 requests), and 150 five-turn conversations (think time 5 s). Question,
+output, system-prompt lengths and the chat rate are this sweep's choice (stated here)."""
 
 
 def _kv_pressure() -> Iterator[Case]:

@@ -101,6 +101,34 @@ def test_aging_guard_admits_the_oldest_at_the_bound_not_before():
     assert adm.stats.num_aged == 1 and adm.is_active("old")
 
 
+def test_one_due_request_per_pass_then_its_group_follows():
+    """A backlog of due requests does not turn the pass into FCFS: one due request, then the ranking, which
+    puts the requests sharing its prefix first."""
+    adm, clock = make(max_wait_s=10.0, defer_uncached_prefix=False)
+    for i in range(3):
+        adm.enqueue(f"b{i}", GROUP_B + [i])
+        adm.enqueue(f"a{i}", GROUP_A + [i])
+    clock.now = 50.0
+    plan = adm.select(batch_size=0, max_requests=3)
+    assert plan.admitted == ("b0", "b1", "b2"), "b0 is due; its group follows it, not the older a0"
+    assert adm.stats.num_aged == 1
+    plan = adm.select(batch_size=3, max_requests=1)
+    assert plan.admitted == ("a0",) and adm.stats.num_aged == 2
+
+
+def test_the_guard_learns_a_lead_from_late_admissions():
+    adm, clock = make(max_wait_s=10.0)
+    adm.enqueue("old", GROUP_B + [1])
+    clock.now = 14.0
+    adm.select(0, fits=lambda rid: False)
+    assert adm.is_waiting("old"), "the engine had no room: the pass ended at the due request"
+    adm.select(0)
+    assert adm.guard.lead_s == 4.0, "it fell due at 10 s and was admitted at 14 s"
+    adm.enqueue("next", GROUP_A + [1])
+    clock.now = 20.0
+    assert adm.propose(batch_size=1).is_aged, "due 4 s before the bound now"
+
+
 def test_lifecycle_and_requeue_keep_arrival():
     adm, clock = make()
     adm.enqueue("r", [1, 2, 3])

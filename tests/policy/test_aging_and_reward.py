@@ -13,6 +13,19 @@ def test_aging_guard_fires_at_the_bound_and_not_before():
     assert guard.is_starved(1e9)
 
 
+def test_the_lead_is_the_longest_recent_delay_and_at_most_half_the_bound():
+    guard = AgingGuard(100.0)
+    guard.admitted(130.0)
+    assert guard.lead_s == 30.0 and guard.is_starved(70.0) and not guard.is_starved(69.9)
+    guard.admitted(80.0)
+    assert guard.lead_s == 30.0, "the window's longest delay"
+    guard.admitted(500.0)
+    assert guard.lead_s == 50.0, "capped at half the bound"
+    off = AgingGuard(None)
+    off.admitted(1e9)
+    assert off.lead_s == 0.0 and not off.is_starved(1e12)
+
+
 def test_aging_guard_default_and_off():
     assert AgingGuard().max_wait_s == DEFAULT_MAX_WAIT_S == 300.0
     off = AgingGuard(None)
