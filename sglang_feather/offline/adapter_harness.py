@@ -20,15 +20,16 @@ from sglang_feather.sglang.policy import FeatherSchedulePolicy
 # How it works.
 #
 # `AdapterHarness` stands in for SGLang's `Scheduler` and nothing else: its queues are SGLang's own
-# (`waiting_queue`, a real `ScheduleBatch` as the running batch), its prefix cache a real `RadixCache` with a
-# real token allocator, its requests real `Req`s, and every call into Feather goes through the function the
-# plugin registers for that SGLang method (`plugin.HOOKS`), called with the arguments SGLang's wrapper passes:
-# `_add_request_to_queue` for arrivals and retractions, `init_schedule_policy` at startup,
-# `get_prefill_adder_class` and `get_next_batch_to_run` around each pass, `merge_batch` when a prefill batch
-# joins the running batch, `release_kv_cache` for finishes and `_release_aborted_request` for aborts. A pass
-# is the core of `Scheduler._get_new_batch_prefill_raw`: `calc_priority`, the real `PrefillAdder` (Feather's
-# subclass for `feather`) walking the waiting list until it stops, the waiting list rebuilt without the
-# admitted requests. The model is absent (CPU): no KV is allocated, a decode step appends one token to every
+# (`waiting_queue`, a real `ScheduleBatch` as the running batch), its prefix cache the one a server builds
+# (`UnifiedRadixCache` on the Rust tree core) with a real token allocator, its requests real `Req`s, and every
+# call into Feather goes through the function the plugin registers for that SGLang method (`plugin.HOOKS`),
+# called with the arguments SGLang's wrapper passes: `_add_request_to_queue` for arrivals and retractions,
+# `init_schedule_policy` at startup, `get_prefill_adder_class` and `get_next_batch_to_run` around each pass,
+# `merge_batch` when a prefill batch joins the running batch, `release_kv_cache` for finishes and
+# `_release_aborted_request` for aborts. A pass is the core of `Scheduler._get_new_batch_prefill_raw`:
+# `calc_priority`, the real `PrefillAdder` (Feather's subclass for `feather`) walking the waiting list until
+# it stops, the waiting list rebuilt without the admitted requests. The model is absent (CPU): admitted
+# requests get no KV slots (only the cached prompts hold some), a decode step appends one token to every
 # running request, and the bodies of the wrapped SGLang methods that need KV pools are not run — only their
 # queue effects and Feather's hooks. Any SGLang policy name runs the same pass with SGLang's own
 # `SchedulePolicy` and `PrefillAdder` and no hooks, for side-by-side timing.

@@ -13,11 +13,11 @@ from sglang_feather.admission import AdmissionConfig
 from sglang_feather.bench.timing import frozen_heap, gc_disabled
 from sglang_feather.bench.workloads import ZipfGroups
 from sglang_feather.offline.adapter_harness import AdapterHarness, PassResult
-from sglang_feather.offline.sglang_objects import make_req
+from sglang_feather.offline.sglang_objects import describe_tree_cache, make_radix_cache, make_req
 from sglang_feather.sglang.options import FEATHER, FeatherOptions
 
 # How it works. One cell: W waiting requests and R running ones, prompts of L tokens from 64 Zipf-popular
-# groups sharing 5L/8-token prefixes. Each side gets its own `AdapterHarness` (real `Req`, `RadixCache`,
+# groups sharing 5L/8-token prefixes. Each side gets its own `AdapterHarness` (real `Req`, tree cache,
 # `PrefillAdder`, SGLang's waiting list and running `ScheduleBatch`) with the running prompts already in the
 # prefix cache: SGLang's `dfs-weight`, and `feather` driven through the plugin's hook functions (running
 # requests tracked as admitted, the W requests arrived through `_add_request_to_queue`). A sample is one
@@ -76,6 +76,11 @@ class AdapterCell:
     @property
     def pass_ratio(self) -> float:
         return self.baseline_pass_s.median / self.feather_pass_s.median
+
+
+def tree_cache() -> str:
+    """The SGLang tree cache both sides run on (class and tree core), as the harness builds it."""
+    return describe_tree_cache(make_radix_cache())
 
 
 def _restore(harness: AdapterHarness, result: PassResult, queue: list) -> None:

@@ -1,4 +1,4 @@
-"""SGLang 0.5.23's own `SchedulePolicy.calc_priority` on real `Req` and `RadixCache` objects (benchmark side)."""
+"""SGLang 0.5.23's own `SchedulePolicy.calc_priority` on real `Req` objects and tree cache (benchmark side)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from sglang_feather.bench.sequence import SequencePlan
 from sglang_feather.bench.timing import Samples, TimingConfig, gc_disabled, sample
 from sglang_feather.bench.workloads import Workload
 from sglang_feather.offline.sglang_objects import (
+    UNIFIED,
     cache_prompt,
     cpu_server_args,
+    describe_tree_cache,
     make_radix_cache,
     make_req,
     publish_cpu_context,
@@ -23,7 +25,7 @@ with quiet_sglang():
     from sglang.srt.managers import schedule_policy
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.managers.schedule_policy import SchedulePolicy
-    from sglang.srt.mem_cache.radix_cache import RadixCache
+    from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
 
 POLICIES = ("lpm", "dfs-weight")
 MAX_NEW_TOKENS = 128
@@ -51,7 +53,7 @@ class SequenceTiming:
 @dataclass
 class BaselineQueue:
     workload: Workload
-    cache: RadixCache
+    cache: BasePrefixCache
     reqs: list[Req]
 
 
@@ -62,6 +64,11 @@ def prepare() -> dict[str, str]:
     publish_cpu_context(role="test")
     torch.set_num_threads(1)
     return {"sglang": sglang.__version__, "torch": torch.__version__}
+
+
+def tree_cache(kind: str = UNIFIED) -> str:
+    """The SGLang tree cache the policies run on: class and tree core, as `make_radix_cache` builds it."""
+    return describe_tree_cache(make_radix_cache(kind=kind))
 
 
 def prefill_token_budget() -> int:
@@ -79,8 +86,9 @@ def make_reqs(workload: Workload) -> list[Req]:
     ]
 
 
-def build_queue(workload: Workload) -> BaselineQueue:
-    return BaselineQueue(workload, make_radix_cache(workload.cached), make_reqs(workload))
+def build_queue(workload: Workload, kind: str = UNIFIED) -> BaselineQueue:
+    """The queue in arrival order and a tree cache of `kind` holding the workload's cached sequences."""
+    return BaselineQueue(workload, make_radix_cache(workload.cached, kind=kind), make_reqs(workload))
 
 
 def sorted_order(queue: BaselineQueue, policy: str) -> list[int]:
@@ -108,13 +116,15 @@ def time_calc_priority(queue: BaselineQueue, policy: str, cfg: TimingConfig) -> 
     return PolicyTiming(policy, active, samples, tuple(int(r.rid) for r in last))
 
 
-def run_sequence(workload: Workload, policy: str, plan: SequencePlan) -> SequenceTiming:
+def run_sequence(workload: Workload, policy: str, plan: SequencePlan, kind: str = UNIFIED) -> SequenceTiming:
     """All `calc_priority` time while the queue drains `plan.num_per_pass` requests per pass.
 
     As in SGLang's scheduler the queue stays in the order the last call left it and admitted requests
-    leave it; their prompts then enter the RadixCache (untimed: prefill does that under any policy).
+    leave it; their prompts then enter the tree cache (untimed: prefill does that under any policy), whose
+    allocator has room for every prompt, so nothing is evicted.
     """
-    cache = make_radix_cache(workload.cached)
+    num_kv_tokens = sum(map(len, workload.cached)) + sum(map(len, workload.prompts))
+    cache = make_radix_cache(workload.cached, kind=kind, num_kv_tokens=num_kv_tokens)
     waiting = make_reqs(workload)
     sched_policy = SchedulePolicy(policy, cache, False, False, False)
     total_s = 0.0

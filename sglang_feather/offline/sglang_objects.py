@@ -1,4 +1,4 @@
-"""Real SGLang 0.5.23 scheduler objects on CPU without a server: published config, RadixCache, Req."""
+"""Real SGLang 0.5.23 scheduler objects on CPU without a server: published config, tree cache, Req."""
 
 from __future__ import annotations
 
@@ -22,12 +22,22 @@ with quiet_sglang():
     import torch
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
-    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+    from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache, InsertParams, MatchPrefixParams
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
-    from sglang.srt.runtime_context import SpawnRanks, get_context, publish, reset_context
+    from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
+    from sglang.srt.mem_cache.rust_tree_core.adapter import RustUnifiedTreeCore
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+    from sglang.srt.runtime_context import SpawnRanks, get_context, get_memory, publish, reset_context
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.server_args import ServerArgs
+
+
+UNIFIED = "unified"
+PYTHON = "python"
+CACHE_KINDS = (UNIFIED, PYTHON)
+"""`make_radix_cache` kinds: what a server builds, and SGLang's older Python `RadixCache` (comparison only)."""
+DEFAULT_KV_TOKENS = 16384
 
 
 def cpu_server_args(model_path: str = "dummy") -> ServerArgs:
@@ -75,7 +85,7 @@ def make_req(
     return Req(rid, "", token_ids(tokens), params, **req_args)
 
 
-def make_allocator(num_tokens: int = 16384) -> TokenToKVPoolAllocator:
+def make_allocator(num_tokens: int = DEFAULT_KV_TOKENS) -> TokenToKVPoolAllocator:
     """A CPU float16 token-to-KV allocator of `num_tokens` slots."""
     return TokenToKVPoolAllocator(num_tokens, torch.float16, "cpu", None, False)
 
@@ -83,27 +93,99 @@ def make_allocator(num_tokens: int = 16384) -> TokenToKVPoolAllocator:
 def make_radix_cache(
     cached: Iterable[Sequence[int] | np.ndarray] = (),
     *,
+    kind: str = UNIFIED,
     allocator: TokenToKVPoolAllocator | None = None,
     req_to_token_pool=None,
     page_size: int = 1,
-) -> RadixCache:
-    """A real RadixCache on CPU (pools only where the caller needs them) holding the `cached` sequences."""
-    cache = RadixCache(
-        CacheInitParams(
-            disable=False,
-            req_to_token_pool=req_to_token_pool,
-            token_to_kv_pool_allocator=allocator,
-            page_size=page_size,
-        )
+    num_kv_tokens: int | None = None,
+) -> BasePrefixCache:
+    """The tree cache a CPU server builds (`kind="python"`: SGLang's older Python `RadixCache`), holding `cached`.
+
+    Without an `allocator` one of `num_kv_tokens` slots is made (default: room for `cached` and
+    `DEFAULT_KV_TOKENS` more); every cached token takes a slot, as on a server. Pools the caller does not
+    need stay None.
+    """
+    cached = tuple(cached)
+    if allocator is None:
+        allocator = make_allocator(num_kv_tokens or sum(map(len, cached)) + DEFAULT_KV_TOKENS)
+    params = CacheInitParams(
+        disable=False,
+        req_to_token_pool=req_to_token_pool,
+        token_to_kv_pool_allocator=allocator,
+        page_size=page_size,
     )
+    cache = _build_cache(kind, params)
     for tokens in cached:
         cache_prompt(cache, tokens)
     return cache
 
 
+def _build_cache(kind: str, params: CacheInitParams) -> BasePrefixCache:
+    if kind == PYTHON:
+        return RadixCache(params)
+    if kind != UNIFIED:
+        raise ValueError(f"unknown tree cache kind {kind!r}; choose from {CACHE_KINDS}")
+    return server_tree_cache(params)
+
+
+def server_tree_cache(params: CacheInitParams) -> UnifiedRadixCache:
+    """SGLang's own factory (`create_tree_cache`), as a CPU server's KV-cache builder calls it.
+
+    Fails unless it returns a `UnifiedRadixCache` on the Rust tree core (what a server runs; the env var
+    SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND selects the core, default "rust").
+    """
+    server_args = publish_cpu_context()
+    params.eviction_policy = get_memory().radix_eviction_policy
+    with quiet_sglang():
+        cache = create_tree_cache(
+            TreeCacheBuildContext(
+                server_args=server_args,
+                params=params,
+                is_hybrid_swa=False,
+                is_hybrid_ssm=False,
+                enable_hierarchical_cache=False,
+                disable_radix_cache=False,
+                tp_worker=None,
+                model_config=None,
+                tp_size=1,
+                tp_rank=0,
+                tp_group=None,
+            )
+        )
+    if not isinstance(cache, UnifiedRadixCache) or not isinstance(cache.tree_core, RustUnifiedTreeCore):
+        raise RuntimeError(
+            f"SGLang built {describe_tree_cache(cache)}, not UnifiedRadixCache (RustUnifiedTreeCore) as a "
+            "server does; check SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND and the Rust tree core extension"
+        )
+    return cache
+
+
+def describe_tree_cache(cache: BasePrefixCache) -> str:
+    """The cache class and, for a unified cache, its tree core: "UnifiedRadixCache (RustUnifiedTreeCore)"."""
+    core = getattr(cache, "tree_core", None)
+    name = type(cache).__name__
+    return name if core is None else f"{name} ({type(core).__name__})"
+
+
 def cache_prompt(
-    cache: RadixCache, tokens: Sequence[int] | np.ndarray, value: torch.Tensor | None = None
+    cache: BasePrefixCache, tokens: Sequence[int] | np.ndarray, value: torch.Tensor | None = None
 ) -> None:
-    """What prefill leaves behind: the tokens' KV in the radix tree (`value` defaults to stand-in indices)."""
+    """What prefill leaves behind: the tokens' KV in the tree.
+
+    Without `value`, as a server does: the cached prefix keeps its slots and the rest gets new ones from
+    the cache's allocator.
+    """
     ids = token_ids(tokens)
-    cache.insert(InsertParams(key=RadixKey(ids), value=torch.arange(len(ids)) if value is None else value))
+    key = RadixKey(ids)
+    if value is not None:
+        cache.insert(InsertParams(key=key, value=value))
+        return
+    match = cache.match_prefix(MatchPrefixParams(key=key))
+    num_cached = match.device_prefix_len
+    new_slots = cache.token_to_kv_pool_allocator.alloc(len(ids) - num_cached)
+    if new_slots is None:
+        raise RuntimeError(f"the KV allocator has no room for {len(ids) - num_cached} more tokens")
+    prefix_slots = cache.path_device_indices(match.last_device_node)[:num_cached]
+    cache.insert(
+        InsertParams(key=key, value=torch.cat([prefix_slots, new_slots]), prev_prefix_len=num_cached)
+    )

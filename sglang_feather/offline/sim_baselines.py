@@ -1,4 +1,4 @@
-"""SGLang 0.5.23's own fcfs / lpm / dfs-weight as simulator policies: real `calc_priority`, `Req`, `RadixCache`."""
+"""SGLang 0.5.23's own fcfs / lpm / dfs-weight as simulator policies: real `calc_priority`, `Req`, tree cache."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numpy as np
 
 from sglang_feather.offline.sglang_objects import (
     cache_prompt,
+    describe_tree_cache,
     make_radix_cache,
     make_req,
     publish_cpu_context,
@@ -26,19 +27,22 @@ with quiet_sglang():
 #
 # Every request becomes a real `Req`; the waiting queue is a real list that `calc_priority` sorts in place
 # each pass (so, as in SGLang, an order survives passes where LPM falls back to FCFS), and the admission
-# walk stops at the first request the simulator's budgets refuse. A real `RadixCache` mirrors the
-# simulator's prefix cache through its insert/evict listeners, so LPM and DFS-weight match against the same
-# cached prefixes the simulator holds (evicted blocks are cut out of the mirror by splitting at the block
-# start and deleting the leaves below it).
+# walk stops at the first request the simulator's budgets refuse. The tree cache a server builds
+# (`UnifiedRadixCache` on the Rust tree core, through SGLang's own factory) mirrors the simulator's prefix
+# cache through its insert/evict listeners, so LPM and DFS-weight match against the same cached prefixes
+# the simulator holds. An evicted block is cut out of the mirror by splitting the tree at the block start
+# (a match there) and evicting, leaf first, the nodes of that path that lie wholly past it and hold nothing
+# else, with the per-leaf eviction step SGLang's own eviction walk runs (their KV slots go back to the
+# allocator).
 
 SGLANG_POLICIES = ("fcfs", "lpm", "dfs-weight")
 
 
 class RadixMirror:
-    """A real RadixCache kept equal, prefix for prefix, to the simulator's block cache."""
+    """SGLang's tree cache kept equal, prefix for prefix, to the simulator's block cache of `capacity_tokens`."""
 
-    def __init__(self) -> None:
-        self.tree = make_radix_cache()
+    def __init__(self, capacity_tokens: int) -> None:
+        self.tree = make_radix_cache(num_kv_tokens=max(capacity_tokens, 1))
 
     def insert(self, path: np.ndarray) -> None:
         cache_prompt(self.tree, path)
@@ -46,18 +50,27 @@ class RadixMirror:
     def evict(self, path: np.ndarray, start: int) -> None:
         ids = token_ids(path)
         if start > 0:
-            self.tree.match_prefix(MatchPrefixParams(key=RadixKey(ids[:start])))
-        res = self.tree.match_prefix(MatchPrefixParams(key=RadixKey(ids)))
+            self._match(ids[:start])
+        res = self._match(ids)
         if res.device_prefix_len != len(ids):
             raise RuntimeError(
                 f"radix mirror lost a path of {len(ids)} tokens (matched {res.device_prefix_len})"
             )
-        node, end = res.last_device_node, len(ids)
-        while node is not self.tree.root_node and not node.children and end - len(node.key) >= start:
-            parent = node.parent
-            end -= len(node.key)
-            self.tree._delete_leaf(node)
-            node = parent
+        for node in self._evictable_tail(res.last_device_node, start):
+            self.tree._evict_device_leaf(node, {ct: 0 for ct in self.tree.tree_components})
+
+    def _match(self, ids):
+        return self.tree.match_prefix(MatchPrefixParams(key=RadixKey(ids)))
+
+    def _evictable_tail(self, leaf, start: int) -> list:
+        """Node ids from `leaf` up that lie wholly at or past `start` and hold only the path below them."""
+        (path,) = self.tree.tree_core.collect_path_info([leaf])
+        tail = []
+        for node in reversed(path):
+            if node.path_start < start or node.num_children != (1 if tail else 0):
+                break
+            tail.append(node.node_id)
+        return tail
 
 
 class SGLangPolicy:
@@ -66,7 +79,8 @@ class SGLangPolicy:
             raise ValueError(f"not an SGLang baseline policy: {name!r}; choose from {SGLANG_POLICIES}")
         publish_cpu_context(role="test")
         self.name = name
-        self.mirror = RadixMirror()
+        self.mirror = RadixMirror(setup.cache.capacity_tokens)
+        self.tree_cache = describe_tree_cache(self.mirror.tree)
         self.policy = SchedulePolicy(name, self.mirror.tree, False, False, False)
         self.reqs: dict[str, Req] = {}
         self.queue: list[Req] = []

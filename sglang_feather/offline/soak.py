@@ -19,7 +19,7 @@ from sglang_feather.sglang.options import FEATHER, FeatherOptions
 
 NUM_GROUPS = 64
 
-# How it works. An `AdapterHarness` for `feather` (real `Req`, `RadixCache`, `PrefillAdder`, waiting list and
+# How it works. An `AdapterHarness` for `feather` (real `Req`, tree cache, `PrefillAdder`, waiting list and
 # running `ScheduleBatch`; every Feather call through the plugin's hook functions) runs scheduler steps until
 # `num_requests` requests have finished or been aborted. Each step: arrivals top the waiting queue up to
 # `num_waiting`; one prefill pass; the admitted batch merges into the running batch; one decode step (one
