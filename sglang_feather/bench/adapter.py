@@ -84,7 +84,8 @@ def run(
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "baseline": engine.BASELINE,
         "workload": f"{engine.NUM_GROUPS} groups, Zipf({engine.ZIPF_ALPHA}) popularity, 5L/8-token shared "
-        "prefixes; the running prompts are in the RadixCache",
+        "prefixes; the running prompts are in the tree cache",
+        "tree_cache": engine.tree_cache(),
         "pass": PASS_DEFINITION,
         "repeat": repeat,
         "decode_block": decode_block,
@@ -109,6 +110,7 @@ def markdown(result: dict) -> str:
         f"{meta['repeat']} samples "
         f"per side, run took {meta['wall_s']:.0f} s.",
         f"Workload: {meta['workload']}.",
+        f"SGLang tree cache: {meta['tree_cache']}.",
         f"Pass: {meta['pass']}.",
         "",
         "| W | prompt | running | dfs-weight calc_priority ms | dfs-weight pass ms | Feather pass ms "

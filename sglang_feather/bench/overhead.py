@@ -21,8 +21,8 @@ from sglang_feather.cht import DEFAULT_CHUNK_SIZE, backend_name
 
 BASELINES = {"sglang": "sglang_feather.offline.bench_baseline"}
 """Engine side, imported lazily. A baseline module provides `prepare()`, `POLICIES`, `prefix_match_cap()`,
-`prefill_token_budget()`, `build_queue(workload)`, `time_calc_priority(queue, policy, timing)` and
-`run_sequence(workload, policy, plan)`."""
+`prefill_token_budget()`, `tree_cache()` (the engine's prefix cache, named), `build_queue(workload)`,
+`time_calc_priority(queue, policy, timing)` and `run_sequence(workload, policy, plan)`."""
 
 PASS_DEFINITION = (
     "CHT pass = k x (best() + activate()) on a tree holding the W waiting prompts, with the cached "
@@ -143,6 +143,7 @@ def run(cfg: OverheadConfig, progress: TextIO | None = None) -> dict:
         "pass": PASS_DEFINITION,
         "lpm_fcfs_above": baseline.prefix_match_cap(),
         "prefill_token_budget": baseline.prefill_token_budget(),
+        "tree_cache": baseline.tree_cache(),
         "cht_backend": backend_name(),
         "cht_cores": list(cht_side.cores()),
     }

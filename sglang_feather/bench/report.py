@@ -390,6 +390,7 @@ def overhead_markdown(result: dict) -> str:
         f"Pass: {meta['pass']}.",
         f"GC: {meta['gc']}.",
         f"LPM falls back to FCFS above {meta['lpm_fcfs_above']} waiting requests (cells marked →fcfs).",
+        f"SGLang tree cache: {meta['tree_cache']}.",
         "",
     ]
     plan = meta["config"]["plan"]

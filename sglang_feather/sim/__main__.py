@@ -21,6 +21,7 @@ from sglang_feather.sim.report import (
     summarize,
     summary_dict,
     table,
+    tree_cache_lines,
     wait_by_length,
     wait_table,
     write_json,
@@ -95,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         label = args.trace or args.workload
         print(f"\n## {label}" + (f" {key}={value}" if key else "") + f" on {cost.name}")
         print(table(summaries))
+        for line in tree_cache_lines(summaries):
+            print(line)
         if args.wait_bins:
             print(f"\nqueue wait by prompt length ({args.wait_bins} bins of equal request count)")
             print(wait_table(waits, args.long_wait_s))

@@ -49,3 +49,5 @@ class RunLog:
     max_cache_tokens: int = 0
     end_s: float = 0.0
     overlap_schedule: bool = True
+    tree_cache: str | None = None
+    """The SGLang tree cache an SGLang baseline policy ran on (e.g. "UnifiedRadixCache (RustUnifiedTreeCore)")."""

@@ -44,6 +44,8 @@ class Summary:
     """Throughput had every step taken GPU + CPU time (no overlap scheduler)."""
     output_tok_s_overlap_cpu: float
     """Throughput had every step taken max(GPU, CPU) (SGLang's overlap scheduler)."""
+    tree_cache: str | None = None
+    """The SGLang tree cache the policy ran on (SGLang baselines only)."""
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -98,6 +100,7 @@ def summarize(policy: str, log: RunLog) -> Summary:
         cpu_s=cpu,
         output_tok_s_serial_cpu=out / (busy + idle) if busy + idle else 0.0,
         output_tok_s_overlap_cpu=out / (overlap + idle) if overlap + idle else 0.0,
+        tree_cache=log.tree_cache,
     )
 
 
@@ -194,6 +197,15 @@ def table(summaries: list[Summary]) -> str:
     for s in summaries:
         rows.append([fmt.format(getattr(s, key)) for key, _, fmt in COLUMNS])
     return _markdown(rows)
+
+
+def tree_cache_lines(summaries: list[Summary]) -> list[str]:
+    """One line per SGLang tree cache the table's baselines ran on, naming those policies."""
+    by_cache: dict[str, list[str]] = {}
+    for s in summaries:
+        if s.tree_cache is not None:
+            by_cache.setdefault(s.tree_cache, []).append(s.policy)
+    return [f"SGLang tree cache ({', '.join(policies)}): {cache}" for cache, policies in by_cache.items()]
 
 
 def write_json(path: str | Path, meta: dict[str, Any], runs: list[dict[str, Any]]) -> None:

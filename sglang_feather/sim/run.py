@@ -54,4 +54,5 @@ def simulate(
     engine = Engine(states, policy, pool, EngineSetup(cost, config, cpu, src, clock, progress))
     log = engine.run()
     log.max_cache_tokens = pool.max_used
+    log.tree_cache = getattr(policy, "tree_cache", None)
     return log

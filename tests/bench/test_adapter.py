@@ -31,4 +31,6 @@ def test_tiny_run_measures_both_sides_through_the_plugin(tmp_path):
             assert 0 < c[key]["min"] <= c[key]["median"] <= c[key]["max"]
         assert c["calc_priority_ratio"] > 0 and c["pass_ratio"] > 0
     table = adapter.markdown(result).splitlines()
+    assert result["meta"]["tree_cache"] == "UnifiedRadixCache (RustUnifiedTreeCore)"
+    assert "SGLang tree cache: UnifiedRadixCache (RustUnifiedTreeCore)." in table
     assert sum(line.startswith("| 12 | 256 |") for line in table) == 2

@@ -42,6 +42,8 @@ def test_tiny_run_covers_every_cell_and_marks_lpm_fallback():
             assert seq["sglang"][policy]["num_admitted"] == num_waiting
         assert (seq["sglang"]["lpm"]["num_fcfs_passes"] > 0) == (num_waiting > cap)
     table = report.overhead_markdown(result)
+    assert result["meta"]["tree_cache"] == "UnifiedRadixCache (RustUnifiedTreeCore)"
+    assert "SGLang tree cache: UnifiedRadixCache (RustUnifiedTreeCore)." in table
     pass_rows = report.pass_table(result)[2:]
     assert len(pass_rows) == len(cells)
     assert sum("→fcfs" in row for row in pass_rows) == len(WORKLOADS)
