@@ -378,6 +378,13 @@ class PythonTree:
         self._leave_working_set(req)
         if leaf.is_covered:
             self._push_global(leaf)
+        # Its leaf and first node took an entry while it counted as waiting and running: keep their heaps
+        # within the bound of the count it has now.
+        first = req.path[0]
+        if len(leaf.candidates) > 4 * (leaf.num_waiting + leaf.num_active) + COMPACT_MIN:
+            leaf.candidates = compacted(leaf.candidates)
+        if len(first.arrivals) > 4 * (first.num_waiting + first.num_active) + COMPACT_MIN:
+            first.arrivals = compacted_arrivals(first.arrivals)
         self._best_valid = False
 
     def finish(self, request_id: RequestId) -> None:
@@ -479,7 +486,9 @@ class PythonTree:
     def cache_remove(self, hashes: Iterable[ChunkHash]) -> int:
         """The engine evicted these prefixes (and so every cached prefix that extends them); hashes the tier
         does not hold are ignored. Returns the chunks uncached."""
-        doomed = [chunk_hash for chunk_hash in hashes if chunk_hash in self._cache]  # may raise: nothing changed
+        doomed = [
+            chunk_hash for chunk_hash in hashes if chunk_hash in self._cache
+        ]  # may raise: nothing changed
         gone: list[ChunkHash] = []
         for chunk_hash in doomed:
             if chunk_hash in self._cache:

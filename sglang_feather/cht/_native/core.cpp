@@ -1343,6 +1343,13 @@ class Core {
         push_arrival(h);
         leave_working_set(h);
         if (covered(nodes_[leaf])) push_global(leaf);
+        // Its leaf and first node took an entry while it counted as waiting and running: keep their heaps
+        // within the bound of the count it has now.
+        Node& l = nodes_[leaf];
+        if (l.candidates.size() > 4 * (l.num_waiting + l.num_active) + COMPACT_MIN) compact_candidates(l.candidates);
+        Node& first = nodes_[r.path[0]];
+        auto& arrivals = levels_[first.side].arrivals;
+        if (arrivals.size() > 4 * (first.num_waiting + first.num_active) + COMPACT_MIN) compact_arrivals(arrivals);
         best_valid_ = false;
         return OK;
     }
