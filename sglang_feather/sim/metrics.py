@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class StepKind(enum.Enum):
@@ -51,3 +52,5 @@ class RunLog:
     overlap_schedule: bool = True
     tree_cache: str | None = None
     """The SGLang tree cache an SGLang baseline policy ran on (e.g. "UnifiedRadixCache (RustUnifiedTreeCore)")."""
+    admission: dict[str, Any] | None = None
+    """Feather only: its admission counters at the end of the run (`AdmissionStats`)."""

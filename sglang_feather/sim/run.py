@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from sglang_feather.admission import AdmissionConfig
@@ -55,4 +55,6 @@ def simulate(
     log = engine.run()
     log.max_cache_tokens = pool.max_used
     log.tree_cache = getattr(policy, "tree_cache", None)
+    stats = getattr(getattr(policy, "admission", None), "stats", None)
+    log.admission = asdict(stats) if stats is not None else None
     return log

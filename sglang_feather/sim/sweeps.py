@@ -102,8 +102,8 @@ def _batch_order() -> Iterator[Case]:
 
 KV_PRESSURE = {
     "rag": WorkloadConfig(
-        SharedPrefixSpec(zipf_alpha=0.9, num_requests=1500, rate=25.0, question_len=128, output_len=128),
-        num_docs=1000,
+        SharedPrefixSpec(zipf_alpha=0.9, num_requests=1000, rate=25.0, question_len=128, output_len=128),
+        num_docs=700,
         doc_len_range=(2048, 16384),
     ),
     "gsp-32zipf": WorkloadConfig(
@@ -125,8 +125,8 @@ KV_PRESSURE = {
         think_s=5.0,
     ),
 }
-"""Issue 21's KV-limited shapes at half its sizes (so a 2-core machine runs them): RAG (1,000 documents of
-2K-16K tokens, Zipf 0.9, Poisson 25 req/s, 1,500 requests), 32 groups with 4K system prompts and Zipf(1.1)
+"""Issue 21's KV-limited shapes, smaller (so a 2-core machine runs them): RAG (700 documents of 2K-16K
+tokens, Zipf 0.9, Poisson 25 req/s, 1,000 requests), 32 groups with 4K system prompts and Zipf(1.1)
 sizes at Poisson 40 req/s (2,000 requests), and 150 five-turn conversations (think time 5 s). Question,
 output, system-prompt lengths and the chat rate are this sweep's choice (stated here)."""
 
@@ -236,6 +236,7 @@ def run_case(case: Case, policies: tuple[str, ...], seeds: list[int], cpu) -> li
             row |= {f"max_wait_q{i + 1}": b.wait_max_s for i, b in enumerate(quartiles)}
             row["x_fcfs"] = s.output_tok_s / base if base else float("nan")
             row |= cold_waits(log)
+            row |= {f"feather_{k}": v for k, v in (log.admission or {}).items()}
             rows.append(row)
             print(
                 f"{case.label} seed={seed} {policy}: {s.output_tok_s:.0f} tok/s", file=sys.stderr, flush=True
@@ -291,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sglang_feather.sim.sweeps", description=__doc__)
     p.add_argument("sweep", choices=sorted(SWEEPS), help="which experiment")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (each draws a new trace)")
+    p.add_argument("--first-seed", type=int, default=0, help="start the seeds here (K..K+N-1)")
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated; fcfs first for ratios")
     p.add_argument("--only", default="", help="run only cases whose label contains this text")
     p.add_argument(
@@ -314,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for case in SWEEPS[args.sweep]():
             if args.only in case.label:
-                rows += run_case(case, policies, list(range(args.seeds)), cpu)
+                seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+                rows += run_case(case, policies, seeds, cpu)
     print(table(rows, policies))
     if rows and all("cold_wait_max_s" in r for r in rows):
         print()

@@ -41,11 +41,12 @@ def test_waiting_requests_sharing_the_running_prefix_come_first():
     policy = feather_policy(make_cache(), _options())
     policy.calc_priority(queue, running)
     tree = policy.feather.tree
-    # a-short lies wholly inside the working set (0 missing); a1 misses its 1 suffix chunk; c0 shares nothing.
+    # a1 and a2 share the running request's whole 64-token prefix, a-short only its first 32 tokens: the
+    # deepest covered prefix first, then arrival (a1 before a2, whatever their lengths); c0 shares nothing.
     # Only Feather's first candidate moves (to the head); the rest keeps its arrival order (no O(W) sort).
-    assert [r.rid for r in queue] == ["a-short", "b0", "c0", "a1", "b1", "a2"]
-    assert [tree.num_missing(r.rid) for r in queue] == [0, 5, 2, 1, 5, 2]
-    assert tree.best().request_id == "a-short"
+    assert [r.rid for r in queue] == ["a1", "b0", "a-short", "c0", "b1", "a2"]
+    assert [tree.num_missing(r.rid) for r in queue] == [1, 5, 0, 2, 5, 2]
+    assert tree.best().request_id == "a1"
     assert tree.num_active == 1 and tree.num_waiting == 6
 
 
