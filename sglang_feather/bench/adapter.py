@@ -71,6 +71,11 @@ def run(
                     file=progress or sys.stderr,
                     flush=True,
                 )
+    events = [
+        asdict(engine.measure_events(page_size, prompt_len))
+        for page_size in EVENT_PAGE_SIZES
+        for prompt_len in prompt_lens
+    ]
     meta = {
         "versions": {
             "sglang": sglang.__version__,
@@ -93,7 +98,11 @@ def run(
         "stopper": stopper,
         "cht_backend": backend_name(),
     }
-    return {"meta": meta, "cells": cells}
+    return {"meta": meta, "cells": cells, "events": events}
+
+
+EVENT_PAGE_SIZES = (1, 16)
+"""SGLang's page size on this CPU server (and most GPU attention backends), and a paged one."""
 
 
 def _spread(value: dict, scale: float, digits: int) -> str:
@@ -127,6 +136,20 @@ def markdown(result: dict) -> str:
             f"| {c['baseline_admitted']} / {c['feather_admitted']} "
             f"| {_spread(c['decode_step_s'], 1e6, 1)} | {_spread(c['self_check_s'], 1e3, 2)} "
             f"| {c['arrive_s'] * 1e6:.0f} |"
+        )
+    lines += [
+        "",
+        "Cache tier feed (SGLang's own KV events of a server-built cache, translated and stored by Feather; "
+        "SGLang's cost of recording them not included):",
+        "",
+        "| page | prompt | prompts | chunks | store µs/chunk | evict µs/chunk | store ms/prompt | evict ms/prompt |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for e in result.get("events", ()):
+        lines.append(
+            f"| {e['page_size']} | {e['prompt_len']} | {e['num_prompts']} | {e['num_chunks']} "
+            f"| {e['store_us_per_chunk']:.2f} | {e['evict_us_per_chunk']:.2f} "
+            f"| {e['store_ms_per_prompt']:.2f} | {e['evict_ms_per_prompt']:.2f} |"
         )
     return "\n".join(lines)
 

@@ -21,7 +21,8 @@ from sglang_feather.sglang.policy import FeatherSchedulePolicy
 #
 # `AdapterHarness` stands in for SGLang's `Scheduler` and nothing else: its queues are SGLang's own
 # (`waiting_queue`, a real `ScheduleBatch` as the running batch), its prefix cache the one a server builds
-# (`UnifiedRadixCache` on the Rust tree core) with a real token allocator, its requests real `Req`s, and every
+# (`UnifiedRadixCache` on the Rust tree core, its KV-event recorder on for `feather` as the plugin turns it on)
+# with a real token allocator, its requests real `Req`s, and every
 # call into Feather goes through the function the plugin registers for that SGLang method (`plugin.HOOKS`),
 # called with the arguments SGLang's wrapper passes: `_add_request_to_queue` for arrivals and retractions,
 # `init_schedule_policy` at startup, `get_prefill_adder_class` and `get_next_batch_to_run` around each pass,
@@ -72,7 +73,9 @@ class AdapterHarness:
         bench_baseline.prepare()
         server_args = cpu_server_args()
         self.is_feather = policy == FEATHER
-        self.cache = make_radix_cache(cached, allocator=make_allocator(allocator_size))
+        self.cache = make_radix_cache(
+            cached, allocator=make_allocator(allocator_size), kv_events=self.is_feather
+        )
         self.allocator = self.cache.token_to_kv_pool_allocator
         self.max_prefill_tokens = server_args.max_prefill_tokens
         self.max_running_requests = 1 << 20

@@ -98,12 +98,13 @@ def make_radix_cache(
     req_to_token_pool=None,
     page_size: int = 1,
     num_kv_tokens: int | None = None,
+    kv_events: bool = False,
 ) -> BasePrefixCache:
     """The tree cache a CPU server builds (`kind="python"`: SGLang's older Python `RadixCache`), holding `cached`.
 
     Without an `allocator` one of `num_kv_tokens` slots is made (default: room for `cached` and
     `DEFAULT_KV_TOKENS` more); every cached token takes a slot, as on a server. Pools the caller does not
-    need stay None.
+    need stay None. `kv_events` turns on the cache's KV-event recorder (what `--schedule-policy feather` does).
     """
     cached = tuple(cached)
     if allocator is None:
@@ -113,6 +114,7 @@ def make_radix_cache(
         req_to_token_pool=req_to_token_pool,
         token_to_kv_pool_allocator=allocator,
         page_size=page_size,
+        enable_kv_cache_events=kv_events,
     )
     cache = _build_cache(kind, params)
     for tokens in cached:
