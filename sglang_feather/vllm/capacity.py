@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
@@ -10,26 +12,30 @@ from sglang_feather.types import RequestId
 
 # How it works.
 #
-# vLLM first schedules its running requests, then admits waiting ones while the step's token budget lasts
-# and `allocate_slots` finds KV blocks. Admission asks `fits(rid)` for each candidate it wants to add, in
-# order, before vLLM runs; this class replays vLLM's arithmetic from outside: the token budget left after
-# the running requests' next chunks, the free blocks left after their growth (less the watermark), and for
-# each candidate the tokens and blocks it needs beyond its prefix-cache hit. The hit (`cached_tokens`, also
-# Admission's hint for deferring an in-flight prefix) counts blocks already in vLLM's cache plus the full
-# blocks that this step's running chunks and earlier admissions will fill: vLLM caches a block's hash when it
-# allocates the block (`KVCacheManager.allocate_slots` -> `cache_blocks(request, computed + new tokens)`),
-# before the forward pass computes it, and looks waiting requests up only after the running ones are
-# allocated; so a second request of a cold group admitted in the same step, or in the next, hits the
-# first one's prefix and vLLM computes it once. Blocks a running or admitted request will compute only in a
-# later chunk (chunked prefill) are not counted: a request admitted now would compute those itself. A
-# blocked request (grammar still compiling) passes without a reservation: vLLM's loop skips it and goes on
-# with the next. It is an estimate: vLLM still makes the real decision, and the adapter retracts a planned
-# request that vLLM did not admit.
+# vLLM first schedules its running requests, then admits waiting ones while the step's token budget lasts and
+# `allocate_slots` finds KV blocks. Admission asks `fits(rid)` for each candidate it wants to add, in order,
+# before vLLM runs; this class replays vLLM's arithmetic from outside: the token budget left after the running
+# requests' next chunks, the free blocks left after their growth (less the watermark), and for each candidate
+# the tokens and blocks it needs beyond its prefix-cache hit. The hit counts blocks already in vLLM's cache
+# plus the full blocks that this step's running chunks and earlier admissions will fill: vLLM caches a block's
+# hash when it allocates the block (`KVCacheManager.allocate_slots` -> `cache_blocks(request, computed + new
+# tokens)`), before the forward pass computes it, and looks waiting requests up only after the running ones
+# are allocated; so a second request of a cold group admitted in the same step, or in the next, hits the first
+# one's prefix and vLLM computes it once. Blocks a running or admitted request will compute only in a later
+# chunk (chunked prefill) are not counted: a request admitted now would compute those itself. The blocks that
+# will be registered are also handed to `reserve` (the cache tier's, see `cache_tier.py`), so Admission's
+# deferral of an in-flight prefix sees them too; where the tier is not fed, `cached_tokens` gives Admission
+# the same hit instead. A blocked request (grammar still compiling) passes without a reservation: vLLM's loop
+# skips it and goes on with the next. It is an estimate: vLLM still makes the real decision, and the adapter
+# retracts a planned request that vLLM did not admit.
 
 
 class CapacityEstimate:
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(
+        self, scheduler: Scheduler, reserve: Callable[[Sequence[bytes], int, int], None] | None = None
+    ) -> None:
         self._scheduler = scheduler
+        self._reserve = reserve
         self._block_size = scheduler.block_size
         self._pool = scheduler.kv_cache_manager.block_pool
         self._group_ids = list(range(len(scheduler.kv_cache_config.kv_cache_groups)))
@@ -53,7 +59,9 @@ class CapacityEstimate:
             self.num_blocks_left -= cdiv(computed + num_new, self._block_size) - cdiv(
                 computed, self._block_size
             )
-            self._pending_hashes.update(request.block_hashes[: (computed + num_new) // self._block_size])
+            self._will_register(
+                request.block_hashes, computed // self._block_size, (computed + num_new) // self._block_size
+            )
 
     def fits(self, request_id: RequestId) -> bool:
         """Whether vLLM can admit this waiting request after those that fitted before; reserves its share."""
@@ -78,7 +86,7 @@ class CapacityEstimate:
         self.num_tokens_left -= num_scheduled
         self.num_blocks_left -= num_blocks
         num_full_blocks = (request.num_tokens - num_new + num_scheduled) // self._block_size
-        self._pending_hashes.update(request.block_hashes[:num_full_blocks])
+        self._will_register(request.block_hashes, num_hit_blocks, num_full_blocks)
         return True
 
     def cached_tokens(self, request_id: RequestId) -> int:
@@ -90,6 +98,15 @@ class CapacityEstimate:
         return min(
             self._num_cached_blocks(request.block_hashes), (request.num_tokens - 1) // self._block_size
         )
+
+    def _will_register(self, block_hashes: Sequence[bytes], start: int, end: int) -> None:
+        """vLLM registers these blocks when it allocates them, before it looks the next candidate up (blocks
+        before `start` are registered already)."""
+        if start >= end:
+            return
+        self._pending_hashes.update(block_hashes[start:end])
+        if self._reserve is not None:
+            self._reserve(block_hashes, start, end)
 
     def _cap(self, num_tokens: int) -> int:
         return num_tokens if self._long_prefill <= 0 else min(num_tokens, self._long_prefill)

@@ -76,9 +76,10 @@ def admission_config(
     page_size: int,
     state_tag: Mapping[str, str],
     can_probe_cache: bool = True,
+    cache_events: bool = False,
 ) -> AdmissionConfig:
     """Build the admission config; ConfigError (a ValueError) naming the key, and the valid keys for an
-    unknown one.
+    unknown one. `cache_events`: the adapter feeds the cache tier (`cache_tier.py`).
 
     Without a probe of vLLM's cache (hash blocks smaller than KV blocks) deferral stays off: vLLM already
     computes a prefix shared within one step once (see `capacity.py`)."""
@@ -97,7 +98,13 @@ def admission_config(
         )
     values = dict(section)
     config = build(
-        AdmissionConfig, values, key_name, chunk_size=chunk_size, page_size=page_size, state_tag=state_tag
+        AdmissionConfig,
+        values,
+        key_name,
+        chunk_size=chunk_size,
+        page_size=page_size,
+        state_tag=state_tag,
+        cache_events=cache_events,
     )
     return config if can_probe_cache else replace(config, defer_uncached_prefix=False)
 

@@ -18,6 +18,7 @@ from vllm.v1.request import Request, RequestStatus
 from sglang_feather.admission import Admission
 from sglang_feather.cht import RequestState
 from sglang_feather.types import RequestId
+from sglang_feather.vllm.cache_tier import CacheFeed, unfed_reason
 from sglang_feather.vllm.capacity import CapacityEstimate
 from sglang_feather.vllm.config import admission_config, check_supported, check_vllm_version, state_tag
 from sglang_feather.vllm.hashes import request_chunk_hashes
@@ -29,16 +30,20 @@ logger = init_logger("vllm.feather")
 #
 # Every request vLLM accepts is also enqueued in Feather's Admission, keyed by vLLM's own chained block
 # hashes (one CHT chunk per full KV block; no second hashing pass). Each schedule() asks Admission for this
-# step's admissions: candidates best-first by the CHT (fewest chunks missing from the running batch), while
-# the stopping policy says "add" and `CapacityEstimate` says vLLM can still take them. Only those requests
-# are left in `self.waiting`, in that order, while vLLM's own schedule() runs, so vLLM's unchanged loop does
-# the block allocation, chunked prefill and preemption; the others are put back behind them afterwards.
-# vLLM's events then drive the CHT: a planned request vLLM did not admit and every preempted request is
-# retracted (back to waiting), finished and aborted requests leave. The stopper's reward window is
+# step's admissions: candidates best-first by the CHT (the deepest prefix a running request or vLLM's prefix
+# cache already holds), while the stopping policy says "add" and `CapacityEstimate` says vLLM can still take
+# them. Only those requests are left in `self.waiting`, in that order, while vLLM's own schedule() runs, so
+# vLLM's unchanged loop does the block allocation, chunked prefill and preemption; the others are put back
+# behind them afterwards. vLLM's events then drive the CHT: a planned request vLLM did not admit and every
+# preempted request is retracted (back to waiting), finished and aborted requests leave. What vLLM's prefix
+# cache holds reaches Admission's cache tier from the block pool's own calls (`CacheFeed`, `cache_tier.py`),
+# plus the blocks this step will register before vLLM looks a candidate up (reserved by `CapacityEstimate`,
+# settled after vLLM's schedule()); the tier also answers the deferral of an in-flight prefix, with no cache
+# lookup per candidate. Where the tier cannot equal vLLM's prefix match (`unfed_reason`), each pass passes
+# vLLM's hit (`CapacityEstimate.cached_tokens`) for the deferral instead. The stopper's reward window is
 # Admission's own: update_from_output reports each finished step, a decode step with its sampled tokens
 # (`on_decode_step`), a step that computed prompt tokens without them (`on_prefill_step`), and an emptied
-# batch (`on_batch_drained`); Admission opens and closes the windows at its decisions. Each pass passes
-# vLLM's prefix-cache hit (`CapacityEstimate.cached_tokens`) as the hint for deferring an in-flight prefix.
+# batch (`on_batch_drained`); Admission opens and closes the windows at its decisions.
 
 
 class FeatherScheduler(Scheduler):
@@ -55,19 +60,26 @@ class FeatherScheduler(Scheduler):
             raise TypeError(
                 f"FeatherScheduler needs vLLM's FCFS waiting queue, got {type(self.waiting).__name__}"
             )
+        unfed = unfed_reason(self)
         config = admission_config(
             vllm_config.additional_config,
             chunk_size=self.hash_block_size,
             page_size=self.block_size,
             state_tag=state_tag(vllm_config),
             can_probe_cache=self.hash_block_size == self.block_size,
+            cache_events=unfed is None,
         )
         self.admission = Admission.from_config(config, clock=clock)
+        self.cache_feed = (
+            CacheFeed(self.admission, self.kv_cache_manager.block_pool) if unfed is None else None
+        )
+        """Keeps Admission's cache tier equal to vLLM's prefix cache; None where it cannot (`unfed_reason`)."""
         logger.info(
-            "FeatherScheduler: chunk = block = %d tokens, stopper %s, max_wait_s %s",
+            "FeatherScheduler: chunk = block = %d tokens, stopper %s, max_wait_s %s, cache tier %s",
             self.admission.tree.chunk_size,
             self.admission.stopper.name,
             self.admission.guard.max_wait_s,
+            "fed by the block pool" if unfed is None else f"off ({unfed})",
         )
 
     # ------------------------------------------------------------------ requests in and out
@@ -107,18 +119,21 @@ class FeatherScheduler(Scheduler):
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         if self.pause_state is not PauseState.UNPAUSED:
             return super().schedule(throttle_prefills)  # vLLM admits no waiting request while paused
-        estimate = CapacityEstimate(self)
+        feed = self.cache_feed
+        estimate = CapacityEstimate(self, reserve=feed.reserve if feed is not None else None)
         plan = self.admission.select(
             len(self.running),
             max_requests=self._num_free_slots(),
             fits=estimate.fits,
-            cached_tokens=estimate.cached_tokens,
+            cached_tokens=estimate.cached_tokens if feed is None else None,
         )
         held = self._keep_only(plan.admitted)
         try:
             output = super().schedule(throttle_prefills)
         finally:
             self.waiting.extend(held)
+            if feed is not None:
+                feed.settle()
         for request_id in plan.admitted:
             if self.requests[request_id].status is not RequestStatus.RUNNING:
                 self.admission.retract(request_id)
