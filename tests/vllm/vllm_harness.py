@@ -47,6 +47,8 @@ class EngineShape:
     policy: str = "fcfs"
     feather: Mapping[str, Any] | None = None
     """The `additional_config["feather"]` section; None leaves it out."""
+    num_kv_cache_groups: int = 1
+    """Full-attention KV-cache groups (layers with their own blocks); more than one makes vLLM's cache hybrid."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -80,9 +82,8 @@ def vllm_config(shape: EngineShape) -> VllmConfig:
 def make_scheduler(cls: type[Scheduler], shape: EngineShape, config: VllmConfig | None = None, **kwargs: Any):
     config = config if config is not None else vllm_config(shape)
     spec = FullAttentionSpec(block_size=shape.block_size, num_kv_heads=1, head_size=64, dtype=torch.bfloat16)
-    kv_cache_config = KVCacheConfig(
-        num_blocks=shape.num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)]
-    )
+    groups = [KVCacheGroupSpec([f"layer{i}"], spec) for i in range(shape.num_kv_cache_groups)]
+    kv_cache_config = KVCacheConfig(num_blocks=shape.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     return cls(
         vllm_config=config,
         kv_cache_config=kv_cache_config,
