@@ -156,11 +156,12 @@ class FeatherScheduler(Scheduler):
         self.admission.save_state()
         stats = self.admission.stats
         logger.info(
-            "FeatherScheduler: %d admitted (%d by the aging bound), %d stops, %d reward windows",
+            "FeatherScheduler: %d admitted (%d by the aging bound), %d stops, %d reward windows, %d cache events",
             stats.num_admitted,
             stats.num_aged,
             stats.num_stops,
             stats.num_windows,
+            stats.num_cache_events,
         )
         super().shutdown()
 

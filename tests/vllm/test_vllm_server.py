@@ -75,6 +75,7 @@ def test_the_engine_ran_feathers_scheduler(feather_server, feather_run):
     log = feather_server.log_path.read_text(errors="replace")
     assert f"Using custom scheduler class {FEATHER_SCHEDULER}" in log
     assert f"FeatherScheduler: chunk = block = 32 tokens, stopper {DEFAULT_STOPPER}" in log
+    assert "cache tier fed by the block pool" in log
     assert feather_run.num_cache_hits > 0
 
 
@@ -85,5 +86,9 @@ def test_sigterm_shuts_the_server_down_cleanly_and_saves_the_learned_state(
     assert not state.exists()
     assert feather_server.stop() == 0, feather_server.log_tail()
     assert not feather_server.is_running()
-    assert re.search(r"FeatherScheduler: \d+ admitted", feather_server.log_path.read_text(errors="replace"))
+    summary = re.search(
+        r"FeatherScheduler: \d+ admitted .* (\d+) cache events",
+        feather_server.log_path.read_text(errors="replace"),
+    )
+    assert summary and int(summary.group(1)) > 0, "the block pool fed the cache tier while serving"
     assert json.loads(state.read_text())
