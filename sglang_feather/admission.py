@@ -439,13 +439,15 @@ class Admission:
         """(candidate, is_aged): the oldest request once it is due (one per pass), else the CHT's best not
         in flight."""
         tree = self.tree
-        while True:
-            oldest = tree.oldest()
-            if oldest is None:
-                return None
-            if self._is_due(oldest):
-                return tree.candidate(oldest), True
+        oldest = tree.oldest()
+        if oldest is None:
+            return None
+        if self._is_due(oldest):
+            return tree.candidate(oldest), True
+        while True:  # a skipped request leaves only younger ones, none of them due either
             candidate = tree.best()
+            if candidate is None:
+                return None
             if not self._is_in_flight(candidate, cached_tokens):
                 return candidate, False
             self._skip(candidate.request_id)
@@ -520,11 +522,10 @@ class Admission:
         self.stats.num_deferred += 1
 
     def _resume_skipped(self) -> None:
-        tree = self.tree
-        for rid in self._skipped:
-            if rid in tree and tree.is_suspended(rid):
-                tree.resume(rid)
-        self._skipped.clear()
+        """Every request skipped in this pass competes again (only the admission suspends requests)."""
+        if self._skipped:
+            self.tree.resume_all()
+            self._skipped.clear()
 
     def accept(self, proposal: Proposal) -> None:
         """The engine admitted the proposed request."""
