@@ -1,12 +1,13 @@
-"""The Chunked Hash Tree: the waiting request that misses the fewest chunks of the running batch, in O(log W)."""
+"""The Chunked Hash Tree: the next waiting request by how much of it running requests and the cache hold, in O(log W)."""
 
 from __future__ import annotations
 
 import heapq
 import itertools
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
@@ -933,25 +934,27 @@ class PythonTree:
 _NOT_CACHED = object()
 
 
-def _cached_depth(path: list[PrefixNode]) -> int:
-    """Largest d with path[d-1].cached (0 if none): the cached nodes are a prefix of every path."""
+def _prefix_length(path: list[PrefixNode], holds: Callable[[PrefixNode], bool]) -> int:
+    """Largest d with holds(path[d-1]) (0 if none), for a property that holds on a prefix of every path."""
     lo, hi = 0, len(path)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if path[mid - 1].cached:
+        if holds(path[mid - 1]):
             lo = mid
         else:
             hi = mid - 1
     return lo
+
+
+def _cached_depth(path: list[PrefixNode]) -> int:
+    """The request's prefix the cache tier holds (the cached nodes are a prefix of every path)."""
+    return _prefix_length(path, _IS_CACHED)
 
 
 def _covered_depth(path: list[PrefixNode]) -> int:
-    """Largest d with path[d-1] covered (0 if none): the covered nodes are a prefix of every path."""
-    lo, hi = 0, len(path)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if path[mid - 1].is_covered:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    """The request's prefix held by running requests or the cache (a prefix of every path)."""
+    return _prefix_length(path, _IS_COVERED)
+
+
+_IS_CACHED = attrgetter("cached")
+_IS_COVERED = attrgetter("is_covered")
