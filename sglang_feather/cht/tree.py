@@ -1,4 +1,4 @@
-"""The Chunked Hash Tree: the next waiting request by how much of it running requests and the cache hold, in O(log W)."""
+"""The Chunked Hash Tree: the next waiting request by what running requests and the cache hold, O(log W)."""
 
 from __future__ import annotations
 
@@ -37,16 +37,17 @@ from sglang_feather.types import ChunkHash, RequestId
 #
 # Every request is the path of its cumulative chunk hashes in a trie: node i of a path names the prefix
 # "chunks 0..i", so requests that share a prefix share the nodes. A node is *covered* while a running request
-# passes through it (`num_active > 0`: the working set) or the engine's KV cache holds its prefix (`cached`, kept
-# from the engine's store / remove / clear events by the cache tier). Both sets are closed under prefixes, so
+# passes through it (`num_active > 0`: the working set) or the engine's KV cache holds its prefix (`cached`,
+# kept from the engine's store / remove / clear events by the cache tier). Both sets are closed under prefixes, so
 # along any path the covered nodes are a prefix: a waiting request is covered up to its deepest covered node
 # `p`, and its prefill recomputes nothing above `p`. The cache tier holds every cached chunk hash with its
 # parent (a hash no tracked request holds costs one dict entry and nothing else); a node takes its `cached`
 # flag from it when the node is created and on every event that names it. Ranking has two tiers. Tier 1: the
 # waiting requests with a covered first chunk rank by deepest `p` first (the most prefill reused), then by the
 # number of requests through `p`, waiting or running (the heaviest group first, as SGLang's dfs-weight, and
-# admitting a request does not demote its group, so a pass keeps to one group), then by (arrival, seq). A request's own length enters nowhere, so short prompts do not jump ahead of long ones. Tier 2, only
-# when no waiting request is covered anywhere: first come, first served. Each node keeps a lazy min-heap
+# admitting a request does not demote its group, so a pass keeps to one group), then by (arrival, seq). A
+# request's own length enters nowhere, so short prompts do not jump ahead of long ones. Tier 2, only when no
+# waiting request is covered anywhere: first come, first served. Each node keeps a lazy min-heap
 # `candidates` of (a) the waiting requests that end exactly there and (b) its children, keyed by the child's
 # cached `best` (the earliest waiting request in the child's subtree); a global lazy heap holds one key per
 # covered node with waiting requests leaving coverage right below it. Tier 2: each first-level node keeps a
