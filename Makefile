@@ -38,8 +38,10 @@ $(TINY_MODEL)/config.json: scripts/make_tiny_model.py | $(VENV)/.feather-setup
 	$(PY) scripts/make_tiny_model.py $(TINY_MODEL)
 
 # vLLM 0.33.0 runs the model-free harness only: its CUDA wheel has no CPU kernels to serve with.
+# The SGLang venv's tests that start no server run on 2 workers, the server tests one at a time.
 test: setup
-	$(PY) -m pytest tests --ignore=tests/vllm $(PYTEST_ARGS)
+	$(PY) -m pytest tests --ignore=tests/vllm -m "not server" -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest tests --ignore=tests/vllm -m server $(PYTEST_ARGS)
 	FEATHER_EXPECT_VLLM=0.32.0 $(PY_VLLM) -m pytest tests/vllm $(PYTEST_ARGS)
 	FEATHER_EXPECT_VLLM=0.33.0 $(PY_VLLM033) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)
 
