@@ -11,21 +11,22 @@ from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from sglang_feather.admission import Admission, AdmissionConfig
-from sglang_feather.offline.sglang_objects import cache_prompt, make_allocator, server_tree_cache, token_ids
+from sglang_feather.offline.sglang_objects import (
+    cache_prompt,
+    make_allocator,
+    make_radix_cache,
+    server_tree_cache,
+    token_ids,
+)
 from sglang_feather.sglang.cache_events import EventTap, EventTranslator, events_enabled
 
 CHUNK = 8
 
 
-def cache_with_events(page_size: int, num_tokens: int = 4096):
-    params = CacheInitParams(
-        disable=False,
-        req_to_token_pool=None,
-        token_to_kv_pool_allocator=make_allocator(num_tokens),
-        page_size=page_size,
-        enable_kv_cache_events=True,
-    )
-    return server_tree_cache(params)
+def cache_with_events(page_size: int, num_tokens: int = 4096, kind: str = "unified"):
+    """A tree cache recording KV events: the server's (`UnifiedRadixCache`, Rust tree core) or SGLang's
+    Python `RadixCache`."""
+    return make_radix_cache(page_size=page_size, num_kv_tokens=num_tokens, kind=kind, kv_events=True)
 
 
 def matched(cache, tokens) -> int:
@@ -46,13 +47,15 @@ prompts = st.lists(
 """(document, split point, length): prompts that share documents, diverge anywhere and end anywhere."""
 
 
+@pytest.mark.parametrize("kind", ["unified", "python"])
 @pytest.mark.parametrize("page_size", [1, 4])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(st.tuples(prompts, st.integers(0, 200)), min_size=1, max_size=4))
-def test_the_tier_agrees_with_the_cache_match_on_every_prompt(page_size, ops):
+def test_the_tier_agrees_with_the_cache_match_on_every_prompt(kind, page_size, ops):
     """After any inserts and evictions, a prompt's cached depth in the tier is the cache's own match in whole
-    chunks (the equivalence the in-flight check relies on instead of a match per candidate)."""
-    cache = cache_with_events(page_size)
+    chunks (the equivalence the in-flight check relies on instead of a match per candidate), on both tree
+    cores."""
+    cache = cache_with_events(page_size, kind=kind)
     assert events_enabled(cache)
     admission = Admission.from_config(
         AdmissionConfig(chunk_size=CHUNK, page_size=page_size, cache_events=True)
