@@ -435,15 +435,23 @@ class Admission:
         """The aging guard serves this request now: it is due and no due request was admitted in this pass."""
         return not self._aged_this_pass and self.guard.is_starved(self.wait_s(request_id))
 
+    def _due_request(self, oldest: RequestId) -> RequestId:
+        """The request the guard serves when `oldest` is due: the oldest one with nothing covered if it is due
+        too (the ranking serves it last; a covered request's group keeps being served), else `oldest`."""
+        stranger = self.tree.oldest_stranger()
+        if stranger is not None and stranger != oldest and self.guard.is_starved(self.wait_s(stranger)):
+            return stranger
+        return oldest
+
     def _next_candidate(self, cached_tokens) -> tuple[Candidate, bool] | None:
-        """(candidate, is_aged): the oldest request once it is due (one per pass), else the CHT's best not
+        """(candidate, is_aged): a due request once the oldest is due (one per pass), else the CHT's best not
         in flight."""
         tree = self.tree
         oldest = tree.oldest()
         if oldest is None:
             return None
         if self._is_due(oldest):
-            return tree.candidate(oldest), True
+            return tree.candidate(self._due_request(oldest)), True
         while True:  # a skipped request leaves only younger ones, none of them due either
             candidate = tree.best()
             if candidate is None:

@@ -110,6 +110,10 @@ class NativeTree(_core.Core):
         handle = self._oldest()
         return None if handle < 0 else self._ids[handle]
 
+    def oldest_stranger(self) -> RequestId | None:
+        handle = self._oldest_stranger()
+        return None if handle < 0 else self._ids[handle]
+
     def prefix_order(self, request_ids: Iterable[RequestId]) -> list[RequestId]:
         handles = [self._handle(rid) for rid in request_ids]
         ids = self._ids

@@ -182,6 +182,10 @@ class ReferenceTree:
             rid = min(eligible, key=lambda r: self.order[r])
         return self.describe(rid)
 
+    def oldest_stranger(self) -> RequestId | None:
+        strangers = [rid for rid in self.eligible() if not self.covered_depth(rid)]
+        return min(strangers, key=lambda r: self.order[r]) if strangers else None
+
     def oldest(self) -> RequestId | None:
         eligible = self.eligible()
         return min(eligible, key=lambda r: self.order[r]) if eligible else None

@@ -265,6 +265,12 @@ class PythonTree:
             heapq.heappop(heap)
         return None
 
+    def oldest_stranger(self) -> RequestId | None:
+        """The earliest-arrived waiting, unsuspended request with no covered chunk (nothing of it running or
+        cached: the request the ranking serves last), or None."""
+        req = self._pop_stranger()
+        return req.id if req is not None else None
+
     def prefix_order(self, request_ids: Iterable[RequestId]) -> list[RequestId]:
         """The given requests (any state) in the trie's depth-first order, children first-seen first.
 

@@ -14,9 +14,10 @@ LEAD_WINDOW = 16
 # How it works.
 #
 # A request is *due* once its wait reaches `max_wait_s - lead_s`. The admission component serves at most one
-# due request per scheduling pass, oldest first, before it consults the ranking, and never defers it; the
-# requests that share its prefix then rank first by coverage and follow it, so a backlog of due requests
-# does not turn the schedule into first come, first served. An engine may still refuse a due request (its KV
+# due request per scheduling pass before it consults the ranking, and never defers it: the oldest request
+# with nothing covered (the one the ranking serves last) when it is due, else the oldest. The requests that
+# share its prefix then rank first by coverage and follow it, so a backlog of due requests does not turn the
+# schedule into first come, first served. An engine may still refuse a due request (its KV
 # room is short) until running requests finish; the pass then ends there, so the room that frees goes to it
 # first. The time from falling due to admission is that wait for room plus the wait for a pass of its own.
 # `lead_s` is the longest such delay over the last LEAD_WINDOW aged admissions (at most half the bound), so

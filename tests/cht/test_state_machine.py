@@ -191,6 +191,7 @@ class TreeVsReference(RuleBasedStateMachine):
         assert self.tree.num_waiting == len(self.ref.ids(RequestState.WAITING))
         assert self.tree.num_suspended == len(self.ref.suspended)
         assert self.tree.oldest() == self.ref.oldest()
+        assert self.tree.oldest_stranger() == self.ref.oldest_stranger()
         assert self.tree.num_cached == len(self.ref.cache)
 
 

@@ -116,6 +116,22 @@ def test_one_due_request_per_pass_then_its_group_follows():
     assert plan.admitted == ("a0",) and adm.stats.num_aged == 2
 
 
+def test_a_due_stranger_takes_the_guards_slot_before_an_older_covered_request():
+    adm, clock = make(max_wait_s=10.0, defer_uncached_prefix=False)
+    adm.enqueue("run", GROUP_A + [9])
+    adm.select(0, max_requests=1)
+    adm.enqueue("hot", GROUP_A + [1])
+    clock.now = 1.0
+    adm.enqueue("cold", GROUP_B + [1])
+    clock.now = 30.0
+    proposal = adm.propose(batch_size=1)
+    assert proposal.is_aged and proposal.request_id == "cold", (
+        "hot is older, but the ranking serves it anyway"
+    )
+    adm.accept(proposal)
+    assert adm.propose(batch_size=2).request_id == "hot"
+
+
 def test_the_guard_learns_a_lead_from_late_admissions():
     adm, clock = make(max_wait_s=10.0)
     adm.enqueue("old", GROUP_B + [1])

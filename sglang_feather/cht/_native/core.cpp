@@ -1255,6 +1255,11 @@ class Core {
         return -1;
     }
 
+    int64_t oldest_stranger() {
+        uint32_t h = pop_stranger();
+        return h == NIL ? -1 : static_cast<int64_t>(h);
+    }
+
     std::vector<uint32_t> prefix_order(const std::vector<uint32_t>& handles) const {
         std::vector<uint32_t> order;
         order.reserve(handles.size());
@@ -2841,6 +2846,7 @@ NB_MODULE(_core, m) {
         .def("_waiting", &Core::waiting)
         .def("_active", &Core::active)
         .def("_oldest", &Core::oldest)
+        .def("_oldest_stranger", &Core::oldest_stranger)
         .def("_prefix_order", &Core::prefix_order)
         .def("_bind_insert", &Core::bind_insert)
         .def("insert", &Core::insert_id, "request_id"_a.none(), "token_ids"_a.none(), nb::kw_only(),
