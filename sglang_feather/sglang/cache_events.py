@@ -180,8 +180,9 @@ class EventTap:
         tree_cache.take_events = self.take_for_publisher
 
     def close(self) -> None:
-        """Hand the cache its own `take_events` back (events not yet published stay lost to Feather)."""
-        self.drain()
+        """Hand the cache its own `take_events` back; events not drained yet stay in the cache's queue for
+        whoever drains it next (the scheduler replaces its startup runtime before serving: the new one gets
+        them)."""
         if self._cache.__dict__.get("take_events") == self.take_for_publisher:
             del self._cache.take_events
 

@@ -96,3 +96,19 @@ def test_events_are_off_unless_the_cache_was_built_with_them():
         disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=make_allocator(64), page_size=1
     )
     assert not events_enabled(server_tree_cache(params))
+
+
+def test_the_configured_runtime_gets_the_events_the_startup_runtime_did_not_drain():
+    """SGLang builds the policy (a default runtime) before the scheduler configures the real one: events
+    recorded in between must reach the configured runtime, not the discarded one."""
+    from sglang_feather.sglang.options import FeatherOptions
+    from sglang_feather.sglang.policy import FeatherSchedulePolicy
+
+    cache = cache_with_events(page_size=1)
+    policy = FeatherSchedulePolicy("feather", cache, False, False, False)
+    cache_prompt(cache, list(range(1, 201)))
+    policy.configure(FeatherOptions(AdmissionConfig(stopper="always")))
+    runtime = policy.feather
+    assert runtime.events is not None and runtime.config.cache_events
+    runtime.begin_pass([], [])
+    assert runtime.admission.tree.num_cached == 200 // runtime.config.chunk_size == 3
