@@ -151,4 +151,3 @@ def test_kv_pressure_flags_override_the_preset_and_user_server_args_come_last():
     specs = demo.server_specs(args, "cpu")
     assert specs["fcfs"].extra_args == ("--max-total-tokens", "8192", "--max-total-tokens", "4096")
     assert specs["feather"].extra_args[-1] == "--y"
-
