@@ -42,19 +42,21 @@ logger = logging.getLogger(__name__)
 # How it works.
 #
 # An engine runs one scheduling pass at a time: `begin_pass()`, then `propose(batch_size)` for each next
-# candidate, then `end_pass()`. A candidate is normally the CHT's best waiting request (requests sharing chunks
-# with the running batch first, fewest missing chunks first; requests sharing nothing in arrival order), but
-# the oldest waiting request instead once it has waited past the aging bound. A candidate whose shared chunks
-# the engine's prefix cache does not hold yet (page-rounded) is *deferred*: a running request sharing them is
-# still computing that prefix (a prefill in flight, possibly split by chunked prefill), so admitting the
-# candidate now would compute it twice. It is suspended in the CHT for the rest of the pass and the pass goes
-# on with the next candidate; `end_pass()` puts it back. An aged request is never deferred, and nothing is
-# deferred when no running request shares it. Asking the engine's cache costs a prefix match per candidate, and
-# a cold group's followers are skipped one after another, so the answer is reused within the pass: a request
+# candidate, then `end_pass()`. A candidate is normally the CHT's best waiting request (requests whose prompt
+# running requests or the engine's cache hold first, deepest covered prefix first, then the heaviest group,
+# then arrival; requests with nothing covered in arrival order), but once the oldest waiting request is due
+# (the aging guard) one due request per pass goes first. A candidate whose shared chunks the engine's prefix
+# cache does not hold yet (page-rounded; the cache tier answers when the adapter feeds cache events) is
+# *deferred*: a running request sharing them is still computing that prefix (a prefill in flight, possibly
+# split by chunked prefill), so admitting the candidate now would compute it twice. It is suspended in the CHT
+# for the rest of the pass and the pass goes on with the next candidate; `end_pass()` puts it back. An aged
+# request is never deferred, and nothing is deferred when no running request shares it. Without cache events,
+# asking the engine's cache costs a prefix match per candidate, and a cold group's followers are skipped one
+# after another, so the answer is reused within the pass: a request
 # whose cache hit stops at C tokens inside its chunk d (not its last chunk) tells that every request sharing
 # its first d chunks hits exactly C too (same tokens up to the uncached page, and more prompt after it), until
-# the next admission may change the cache (`_CacheFrontier`). For any other candidate the stopper sees an `Observation`
-# (batch size, shared-prefix depth before/after, w, queue length, wait) and says ADD or STOP; the engine
+# the next admission may change the cache (`_CacheFrontier`). For any other candidate the stopper sees an
+# `Observation` (batch size, shared-prefix depth before/after, w, queue length, wait) and says ADD or STOP; the engine
 # `accept`s (the request's chunks enter the working set), `decline`s (STOP ends the pass) or `withdraw`s
 # (its own budget refused; nothing is learned). Reward window: the first stopper decision of a pass closes
 # the open window, whose decode throughput rewards every decision made in it, and opens the next;
