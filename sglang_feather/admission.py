@@ -56,9 +56,9 @@ logger = logging.getLogger(__name__)
 # whose cache hit stops at C tokens inside its chunk d (not its last chunk) tells that every request sharing
 # its first d chunks hits exactly C too (same tokens up to the uncached page, and more prompt after it), until
 # the next admission may change the cache (`_CacheFrontier`). For any other candidate the stopper sees an
-# `Observation` (batch size, shared-prefix depth before/after, w, queue length, wait) and says ADD or STOP; the engine
-# `accept`s (the request's chunks enter the working set), `decline`s (STOP ends the pass) or `withdraw`s
-# (its own budget refused; nothing is learned). Reward window: the first stopper decision of a pass closes
+# `Observation` (batch size, shared-prefix depth before/after, w, queue length, wait) and says ADD or STOP;
+# the engine `accept`s (the request's chunks enter the working set), `decline`s (STOP ends the pass) or
+# `withdraw`s (its own budget refused; nothing is learned). Reward window: the first stopper decision of a pass closes
 # the open window, whose decode throughput rewards every decision made in it, and opens the next;
 # `on_batch_drained()` closes it without opening one, so idle time never dilutes a reward. Decode throughput
 # is tokens of decode-only steps (`on_decode_step`) over the time those steps took: a step that computed
