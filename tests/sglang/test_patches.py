@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -220,3 +221,31 @@ def test_patched_and_plugged_sglang_keep_other_policies(probes, policy):
     for variant in ("patched", "plugin"):
         assert probes[variant][policy]["order"] == pristine["order"]
         assert probes[variant][policy]["admitted"] == pristine["admitted"]
+
+
+def _build_kv_cache_events_argument(root: Path) -> str:
+    """The source of the `enable_kv_cache_events=` argument the scheduler passes to `build_kv_cache`."""
+    module = ast.parse((root / "sglang/srt/managers/scheduler.py").read_text())
+    calls = [
+        node
+        for node in ast.walk(module)
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("build_kv_cache")
+    ]
+    assert len(calls) == 1, "the scheduler builds its KV cache in one call"
+    (keyword,) = [k for k in calls[0].keywords if k.arg == "enable_kv_cache_events"]
+    return ast.unparse(keyword.value)
+
+
+def test_patched_sglang_records_kv_events_for_feather_like_the_plugin(patched_root):
+    """The cache tier needs the tree cache's KV events: the patch turns them on for feather, as the plugin's
+    BEFORE hook on `build_kv_cache` does, and leaves other policies as SGLang has them."""
+    pristine = _build_kv_cache_events_argument(installed_root())
+    patched = _build_kv_cache_events_argument(patched_root)
+    assert "feather" not in pristine
+    assert patched == f"{pristine} or self.schedule_policy == 'feather'"
+    feather = SimpleNamespace(schedule_policy="feather")
+    other = SimpleNamespace(schedule_policy="lpm")
+    args, kwargs = plugin._before_build_kv_cache(server_args=feather, enable_kv_cache_events=False)
+    assert args == () and kwargs == {"server_args": feather, "enable_kv_cache_events": True}
+    assert plugin._before_build_kv_cache(server_args=other, enable_kv_cache_events=False) is None
+    assert plugin._before_build_kv_cache(server_args=feather, enable_kv_cache_events=True) is None
