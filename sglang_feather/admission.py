@@ -441,7 +441,7 @@ class Admission:
         """The request the guard serves when `oldest` is due: the oldest one with nothing covered if it is due
         too (the ranking serves it last; a covered request's group keeps being served), else `oldest`."""
         stranger = self.tree.oldest_stranger()
-        if stranger is not None and stranger != oldest and self.guard.is_starved(self.wait_s(stranger)):
+        if stranger is not None and stranger != oldest and self._is_due(stranger):
             return stranger
         return oldest
 

@@ -388,11 +388,8 @@ class PythonTree:
             self._push_global(leaf)
         # Its leaf and first node took an entry while it counted as waiting and running: keep their heaps
         # within the bound of the count it has now.
-        first = req.path[0]
-        if len(leaf.candidates) > 4 * (leaf.num_waiting + leaf.num_active) + COMPACT_MIN:
-            leaf.candidates = compacted(leaf.candidates)
-        if len(first.arrivals) > 4 * (first.num_waiting + first.num_active) + COMPACT_MIN:
-            first.arrivals = compacted_arrivals(first.arrivals)
+        _keep_bounded(leaf)
+        _keep_bounded(req.path[0])
         self._best_valid = False
 
     def finish(self, request_id: RequestId) -> None:
@@ -626,11 +623,7 @@ class PythonTree:
         for node in path:
             if not node.is_alive:
                 break
-            live = node.num_waiting + node.num_active
-            if len(node.candidates) > 4 * live + COMPACT_MIN:
-                node.candidates = compacted(node.candidates)
-            if node.arrivals is not None and len(node.arrivals) > 4 * live + COMPACT_MIN:
-                node.arrivals = compacted_arrivals(node.arrivals)
+            _keep_bounded(node)
 
     def _trim_roots(self) -> None:
         """Keep the tree-wide heaps bounded by the live requests and nodes after a request leaves."""
@@ -939,6 +932,16 @@ class PythonTree:
 
 
 _NOT_CACHED = object()
+
+
+def _keep_bounded(node: PrefixNode) -> None:
+    """Compact a node's candidate and arrival heaps once their entries outnumber its live requests by the
+    compaction bound (what `_push` and `_push_arrival` keep on every push)."""
+    live = node.num_waiting + node.num_active
+    if len(node.candidates) > 4 * live + COMPACT_MIN:
+        node.candidates = compacted(node.candidates)
+    if node.arrivals is not None and len(node.arrivals) > 4 * live + COMPACT_MIN:
+        node.arrivals = compacted_arrivals(node.arrivals)
 
 
 def _prefix_length(path: list[PrefixNode], holds: Callable[[PrefixNode], bool]) -> int:
