@@ -8,6 +8,7 @@ from typing import Any
 
 from sglang.srt.managers import schedule_policy as _sglang_policy
 
+from sglang_feather.sglang.load import mark_matched
 from sglang_feather.sglang.metrics import FeatherMetrics
 from sglang_feather.sglang.options import FEATHER, FeatherOptions
 from sglang_feather.sglang.runtime import FeatherRuntime
@@ -63,6 +64,13 @@ class FeatherSchedulePolicy(_sglang_policy.SchedulePolicy):
             return super().calc_priority(waiting_queue, running_batch, processed_tokens)
         self.feather.begin_pass(waiting_queue, running_batch.reqs if running_batch is not None else ())
         return None
+
+    def waiting_queue_prefix_matched(self, waiting_queue: list) -> bool:
+        """SGLang's load report asks whether `num_matched_prefix_tokens` is fresh; for `feather` the CHT
+        fills it first (`load.mark_matched`)."""
+        if self.feather is None:
+            return super().waiting_queue_prefix_matched(waiting_queue)
+        return mark_matched(self.feather, waiting_queue)
 
     def prefill_adder_class(self, base: type) -> type:
         """`base` (SGLang's PrefillAdder or a subclass) with Feather's stopper in `add_one_req`; a base that
