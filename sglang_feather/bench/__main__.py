@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-SUBCOMMANDS = {
-    "overhead": "sglang_feather.bench.overhead",
-    "chunk-size": "sglang_feather.bench.chunk_size",
-    "adapter": "sglang_feather.bench.adapter",
-    "soak": "sglang_feather.bench.soak",
-}
+from sglang_feather.bench import adapter, chunk_size, overhead, soak
+
+SUBCOMMANDS = {"overhead": overhead, "chunk-size": chunk_size, "adapter": adapter, "soak": soak}
 """Subcommand -> module providing `add_arguments(parser)` and `main(args) -> int` (its docstring is the help)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sglang_feather.bench", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for name, module_name in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name)
+    for name, module in SUBCOMMANDS.items():
         sub = subparsers.add_parser(name, help=module.__doc__, description=module.__doc__)
         module.add_arguments(sub)
         sub.set_defaults(main=module.main)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import platform
 import sys
@@ -13,9 +12,6 @@ from dataclasses import asdict
 from sglang_feather.bench.cli_types import add_json_flag, int_list, publish
 from sglang_feather.bench.report import machine_line
 from sglang_feather.cht import backend_name
-
-ENGINE_SIDE = "sglang_feather.offline.bench_adapter"
-"""Imported lazily: the benchmark needs SGLang, the bench package does not."""
 
 PASS_DEFINITION = (
     "pass = calc_priority(waiting_queue, running_batch), then the real PrefillAdder (Feather's subclass for "
@@ -37,9 +33,10 @@ def run(
     stopper: str | None = None,
     progress=None,
 ) -> dict:
-    engine = importlib.import_module(ENGINE_SIDE)
     import sglang
     import torch
+
+    from sglang_feather.offline import bench_adapter as engine
 
     stopper = stopper or engine.STOPPER
     started = time.time()

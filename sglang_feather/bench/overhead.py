@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import platform
 import sys
@@ -19,10 +18,10 @@ from sglang_feather.bench.timing import GC_POLICY, TimingConfig, frozen_heap, me
 from sglang_feather.bench.workloads import WORKLOADS, build_workload
 from sglang_feather.cht import DEFAULT_CHUNK_SIZE, backend_name
 
-BASELINES = {"sglang": "sglang_feather.offline.bench_baseline"}
-"""Engine side, imported lazily. A baseline module provides `prepare()`, `POLICIES`, `prefix_match_cap()`,
-`prefill_token_budget()`, `tree_cache()` (the engine's prefix cache, named), `build_queue(workload)`,
-`time_calc_priority(queue, policy, timing)` and `run_sequence(workload, policy, plan)`."""
+BASELINES = ("sglang",)
+"""Engine sides, imported by `load_baseline` on first use. A baseline module provides `prepare()`, `POLICIES`,
+`prefix_match_cap()`, `prefill_token_budget()`, `tree_cache()` (the engine's prefix cache, named),
+`build_queue(workload)`, `time_calc_priority(queue, policy, timing)` and `run_sequence(workload, policy, plan)`."""
 
 PASS_DEFINITION = (
     "CHT pass = k x (best() + activate()) on a tree holding the W waiting prompts, with the cached "
@@ -57,7 +56,9 @@ QUICK = OverheadConfig(
 def load_baseline(name: str) -> ModuleType:
     if name not in BASELINES:
         raise ValueError(f"unknown baseline {name!r}; choose from {sorted(BASELINES)}")
-    return importlib.import_module(BASELINES[name])
+    from sglang_feather.offline import bench_baseline
+
+    return bench_baseline
 
 
 def run_cell(

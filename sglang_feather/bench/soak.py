@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 from dataclasses import asdict, replace
 
 from sglang_feather.bench.cli_types import add_json_flag, publish
-
-ENGINE_SIDE = "sglang_feather.offline.soak"
-"""Imported lazily: the soak needs SGLang, the bench package does not."""
 
 
 def markdown(result: dict) -> str:
@@ -56,8 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    engine = importlib.import_module(ENGINE_SIDE)
     from sglang_feather.cht import backend_name
+    from sglang_feather.offline import soak as engine
 
     cfg = replace(
         engine.SoakConfig(),

@@ -1,8 +1,7 @@
-"""Scheduling-policy interface of the simulator and the registry of policies (engine ones imported lazily)."""
+"""Scheduling-policy interface of the simulator and the registry of policies (SGLang's imported on first use)."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -60,30 +59,39 @@ class PolicySetup:
 
 PolicyFactory = Callable[[str, PolicySetup], SimPolicy]
 
-POLICIES: dict[str, str] = {
-    "fcfs": "sglang_feather.offline.sim_baselines:make_sglang_policy",
-    "lpm": "sglang_feather.offline.sim_baselines:make_sglang_policy",
-    "dfs-weight": "sglang_feather.offline.sim_baselines:make_sglang_policy",
-    "feather": "sglang_feather.sim.feather:FeatherPolicy",
-}
-"""Policy name -> "module:factory"; the SGLang baselines live in the offline package and import sglang."""
-
 
 class PolicyError(RuntimeError):
     """A policy is unknown or its engine cannot be imported."""
 
 
-def make_policy(name: str, setup: PolicySetup) -> SimPolicy:
-    target = POLICIES.get(name)
-    if target is None:
-        raise PolicyError(f"unknown policy {name!r}; choose from {sorted(POLICIES)}")
-    module_name, attr = target.split(":")
+def _sglang_policy(name: str, setup: PolicySetup) -> SimPolicy:
     try:
-        module = importlib.import_module(module_name)
+        from sglang_feather.offline.sim_baselines import make_sglang_policy
     except ImportError as e:
         raise PolicyError(
-            f"policy {name!r} needs {module_name}, which failed to import ({e}); the SGLang baselines need "
-            "sglang==0.5.23 installed (see README: make setup)"
+            f"policy {name!r} needs sglang_feather.offline.sim_baselines, which failed to import ({e}); the "
+            "SGLang baselines need sglang==0.5.23 installed (see README: make setup)"
         ) from e
-    factory: PolicyFactory = getattr(module, attr)
+    return make_sglang_policy(name, setup)
+
+
+def _feather_policy(name: str, setup: PolicySetup) -> SimPolicy:
+    from sglang_feather.sim.feather import FeatherPolicy
+
+    return FeatherPolicy(name, setup)
+
+
+POLICIES: dict[str, PolicyFactory] = {
+    "fcfs": _sglang_policy,
+    "lpm": _sglang_policy,
+    "dfs-weight": _sglang_policy,
+    "feather": _feather_policy,
+}
+"""Policy name -> factory; the SGLang baselines live in the offline package and import sglang when built."""
+
+
+def make_policy(name: str, setup: PolicySetup) -> SimPolicy:
+    factory = POLICIES.get(name)
+    if factory is None:
+        raise PolicyError(f"unknown policy {name!r}; choose from {sorted(POLICIES)}")
     return factory(name, setup)

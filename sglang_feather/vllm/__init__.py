@@ -4,16 +4,14 @@ from typing import Any
 
 __all__ = ["FeatherScheduler", "UnsupportedVllmConfig", "UnsupportedVllmVersion"]
 
-_LAZY = {
-    "FeatherScheduler": "sglang_feather.vllm.scheduler",
-    "UnsupportedVllmConfig": "sglang_feather.vllm.config",
-    "UnsupportedVllmVersion": "sglang_feather.vllm.config",
-}
-
 
 def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
+    if name == "FeatherScheduler":
+        from sglang_feather.vllm.scheduler import FeatherScheduler
 
-    return getattr(importlib.import_module(_LAZY[name]), name)
+        return FeatherScheduler
+    if name in ("UnsupportedVllmConfig", "UnsupportedVllmVersion"):
+        from sglang_feather.vllm import config
+
+        return getattr(config, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

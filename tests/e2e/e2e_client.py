@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import aiohttp
 
+from sglang_feather.serving.completions import FIRST_TOKEN_ID, TINY_VOCAB_SIZE
 from sglang_feather.serving.metrics import MetricsSnapshot, scrape
-from sglang_feather.vllm.workload import FIRST_TOKEN_ID, TINY_VOCAB_SIZE
 from sglang_feather.workload import SharedPrefixSpec
 
 DRIFT = "sglang:feather_drift_total"

@@ -4,7 +4,7 @@ chunk for a chunked prefill, and right after the step without overlap."""
 from __future__ import annotations
 
 import pytest
-from sim_helpers import PROBES, request, run
+from sim_helpers import PROBES, make_probe, request, run
 
 from sglang_feather.sim.engine import EngineConfig
 from sglang_feather.sim.policies import POLICIES
@@ -12,7 +12,7 @@ from sglang_feather.sim.policies import POLICIES
 
 @pytest.fixture
 def probe(monkeypatch):
-    monkeypatch.setitem(POLICIES, "probe", "sim_helpers:make_probe")
+    monkeypatch.setitem(POLICIES, "probe", make_probe)
     PROBES.clear()
     yield lambda: PROBES[-1]
 

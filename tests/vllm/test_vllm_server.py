@@ -9,7 +9,7 @@ from vllm_harness import require_model
 
 from sglang_feather.admission import DEFAULT_STOPPER
 from sglang_feather.serving.server import FEATHER_SCHEDULER, Server, vllm_feather_args
-from sglang_feather.vllm.compare import HEADER, Measurement, measure, vllm_spec
+from sglang_feather.serving.vllm_compare import HEADER, Measurement, measure, vllm_spec
 from sglang_feather.workload import SharedPrefixSpec
 
 pytestmark = [pytest.mark.vllm, pytest.mark.server]

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from sglang_feather.serving.completions import RunResult, prefix_cache_counters, run
 from sglang_feather.serving.process import exit_on_sigterm
 from sglang_feather.serving.server import Server, ServerSpec, vllm_feather_args
-from sglang_feather.vllm.workload import RunResult, prefix_cache_counters, run
 from sglang_feather.workload import SHAPE_FIELDS, SharedPrefixSpec, WorkloadFlags
 
 
@@ -52,7 +52,7 @@ WORKLOAD_FLAGS = WorkloadFlags(
     names=SHAPE_FIELDS,
     per_group=True,
 )
-"""The client sends first turns at once (`vllm.workload.run`): no rate, one turn."""
+"""The client sends first turns at once (`serving.completions.run`): no rate, one turn."""
 
 
 def vllm_spec(model: str, policy: str, extra_args: tuple[str, ...] = ()) -> ServerSpec:
