@@ -18,7 +18,11 @@ _SEARCH = (_PACKAGE_DIR / PATCH_SET, _PACKAGE_DIR.parents[1] / "patches" / PATCH
 
 
 class PatchError(RuntimeError):
-    """The patch set cannot be found, is not applicable, or GNU patch failed; nothing was left half-done."""
+    """The patch set cannot be found, is not applicable, or GNU patch failed and what it had done was undone."""
+
+
+class RollbackError(PatchError):
+    """GNU patch failed, and so did undoing the patches already done: the tree IS left half-done."""
 
 
 class PatchState(enum.Enum):
@@ -113,9 +117,9 @@ def apply(root: Path, patches: list[Path] | None = None) -> list[Path]:
         if item.state is PatchState.APPLICABLE:
             run = _patch(root, item.patch, "--forward")
             if run.returncode != 0:
-                for undo in reversed(done):
-                    _patch(root, undo, "--reverse")
-                raise PatchError(f"applying {item.patch.name} failed:\n{run.stdout}{run.stderr}")
+                failure = f"applying {item.patch.name} failed:\n{run.stdout}{run.stderr}"
+                _roll_back(root, done, "--reverse", failure)
+                raise PatchError(failure)
             done.append(item.patch)
     return done
 
@@ -130,11 +134,24 @@ def revert(root: Path, patches: list[Path] | None = None) -> list[Path]:
         if item.state is PatchState.APPLIED:
             run = _patch(root, item.patch, "--reverse")
             if run.returncode != 0:
-                for redo in reversed(done):
-                    _patch(root, redo, "--forward")
-                raise PatchError(f"reverting {item.patch.name} failed:\n{run.stdout}{run.stderr}")
+                failure = f"reverting {item.patch.name} failed:\n{run.stdout}{run.stderr}"
+                _roll_back(root, done, "--forward", failure)
+                raise PatchError(failure)
             done.append(item.patch)
     return done
+
+
+def _roll_back(root: Path, done: list[Path], flag: str, failure: str) -> None:
+    """Undo `done`, last first, with `flag`; raises RollbackError naming every undo that failed."""
+    failed = []
+    for patch in reversed(done):
+        run = _patch(root, patch, flag)
+        if run.returncode != 0:
+            failed.append(f"{patch.name} (patch {flag} exited {run.returncode}):\n{run.stdout}{run.stderr}")
+    if failed:
+        raise RollbackError(
+            f"{failure}\nROLLBACK FAILED, {root} is left half-done; undo by hand:\n" + "\n".join(failed)
+        )
 
 
 def _refuse_conflicts(states: list[PatchStatus]) -> None:

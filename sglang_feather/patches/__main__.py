@@ -11,6 +11,7 @@ from sglang_feather.patches import (
     SGLANG_VERSION,
     PatchError,
     PatchState,
+    RollbackError,
     apply,
     installed_root,
     revert,
@@ -43,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         verb = "applied" if args.action == "apply" else "reverted"
         print(f"{verb} {len(done)} patch(es) under {root}" + "".join(f"\n  {p.name}" for p in done))
         return 0
+    except RollbackError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
     except PatchError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -24,7 +24,8 @@ _startup_error: str | None = None
 
 
 class FeatherStartupError(RuntimeError):
-    """This SGLang does not have the hook targets Feather was built against."""
+    """`--schedule-policy feather` was chosen on an SGLang whose version or hook targets Feather does not
+    support (raised when the server arguments are parsed, with the reason `check_sglang` gave)."""
 
 
 def policy_choices() -> list[str]:
@@ -96,10 +97,10 @@ def check_sglang() -> str | None:
 
 
 def _refuse_feather(server_args: Any, _cls: type, args: Any) -> None:
-    from sglang_feather.sglang.options import FEATHER, FeatherOptionsError
+    from sglang_feather.sglang.options import FEATHER
 
     if getattr(args, "schedule_policy", None) == FEATHER:
-        raise FeatherOptionsError(_startup_error)
+        raise FeatherStartupError(_startup_error)
 
 
 def _before_build_kv_cache(*args: Any, **kwargs: Any) -> tuple[tuple, dict] | None:

@@ -2,6 +2,7 @@
 
 from sglang_feather.serving.bench import BenchResult
 from sglang_feather.serving.compare import FEATHER_PASS_SECONDS, PolicyRun, WorkloadRun
+from sglang_feather.serving.metrics import parse_metrics
 from sglang_feather.serving.table import COLUMNS, format_table
 
 
@@ -32,8 +33,13 @@ def test_rows_grouped_by_workload_with_ratio_to_first_policy():
 
 
 def test_feather_seconds_column_reads_a_series_the_plugin_exports():
-    import inspect
+    from prometheus_client import CollectorRegistry, generate_latest
 
-    from sglang_feather.sglang import metrics
+    from sglang_feather.sglang.metrics import FeatherMetrics
 
-    assert f'"{FEATHER_PASS_SECONDS.removesuffix("_sum")}"' in inspect.getsource(metrics)
+    registry = CollectorRegistry()
+    metrics = FeatherMetrics({"model_name": "tiny"}, registry)
+    metrics.scheduler_step(0.25)
+    metrics.scheduler_step(0.5)
+    exported = parse_metrics(generate_latest(registry).decode())
+    assert exported.total(FEATHER_PASS_SECONDS, model_name="tiny") == 0.75

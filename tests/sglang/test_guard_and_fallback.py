@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from sglang_feather.admission import AdmissionConfig
 from sglang_feather.sglang import plugin
 from sglang_feather.sglang.metrics import FeatherMetrics
-from sglang_feather.sglang.options import FeatherOptions, FeatherOptionsError
+from sglang_feather.sglang.options import FeatherOptions
 from sglang_feather.sglang.scheduler_hooks import on_queued, on_step_end
 
 
@@ -54,7 +54,7 @@ def test_choosing_feather_on_a_refused_sglang_fails_at_startup(monkeypatch):
     from types import SimpleNamespace
 
     monkeypatch.setattr(plugin, "_startup_error", "sglang-feather supports SGLang 0.5.23 only, found 9.9")
-    with pytest.raises(FeatherOptionsError, match="0.5.23"):
+    with pytest.raises(plugin.FeatherStartupError, match="0.5.23"):
         plugin._refuse_feather(None, None, SimpleNamespace(schedule_policy="feather"))
     plugin._refuse_feather(None, None, SimpleNamespace(schedule_policy="lpm"))
 
@@ -81,7 +81,7 @@ def test_exception_in_a_pass_falls_back_to_fcfs_and_the_tree_is_rebuilt(monkeypa
     def boom(*_args, **_kwargs):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(runtime.admission, "propose", boom)
+    monkeypatch.setattr(runtime.admission, "decide", boom)
     running = batch()
     admitted = adder_pass(policy, cache, allocator, waiting, running)
     assert [r.rid for r in admitted] == ["r0", "r1", "r2", "r3"], "FCFS, nothing lost"
@@ -91,6 +91,6 @@ def test_exception_in_a_pass_falls_back_to_fcfs_and_the_tree_is_rebuilt(monkeypa
     running.reqs.extend(admitted)
     waiting.clear()
     on_step_end(view, idle_plan(running))
-    tree = policy.feather.tree
+    tree = policy.feather.admission.tree
     tree.check_invariants()
     assert set(tree.active_ids()) == {r.rid for r in reqs} and tree.num_waiting == 0
