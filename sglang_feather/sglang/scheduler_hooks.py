@@ -8,6 +8,7 @@ from typing import Any
 from sglang_feather.sglang import batch_order
 from sglang_feather.sglang.metrics import FeatherMetrics
 from sglang_feather.sglang.options import options_of, state_tag
+from sglang_feather.sglang.ranks import dp_rank, rank_options, rank_tag, server_dp_size
 from sglang_feather.sglang.runtime import runtime_for_cache
 
 logger = logging.getLogger(__name__)
@@ -21,18 +22,21 @@ def on_policy_created(scheduler: Any) -> None:
     """After `Scheduler.init_schedule_policy`: give the policy the server's options and Feather's metrics."""
     if _runtime(scheduler) is None:
         return
-    options = options_of(scheduler.server_args)
+    dp_size = server_dp_size(scheduler.server_args)
+    rank = dp_rank() if dp_size > 1 else None
+    options = rank_options(options_of(scheduler.server_args), dp_size, rank)
     context = getattr(scheduler, "metrics_collector_context", None)
     metrics = None
     if context is not None and context.collector is not None and context.current_scheduler_metrics_enabled:
         metrics = FeatherMetrics(context.collector.labels)
-    tag = state_tag(scheduler.server_args, getattr(scheduler, "gpu_id", 0))
+    tag = rank_tag(state_tag(scheduler.server_args, getattr(scheduler, "gpu_id", 0)), dp_size, rank)
     publisher = getattr(scheduler, "kv_events_publisher", None)
     publish = bool(getattr(publisher, "enable_kv_cache_events", False))
     scheduler.policy.configure(options, metrics, state_tag=tag, publish_events=publish)
     config = scheduler.policy.feather.config
     logger.info(
-        "Feather scheduling: %s (page size %d, deferral %s, cache tier %s, metrics %s)",
+        "Feather scheduling%s: %s (page size %d, deferral %s, cache tier %s, metrics %s)",
+        "" if dp_size <= 1 else f" on DP rank {rank}",
         options,
         config.page_size,
         "on" if config.defer_uncached_prefix else "off",
