@@ -13,12 +13,12 @@ STRESS_OPS ?= 1000000
 PYTEST_ARGS ?=
 DEMO_ARGS  ?=
 
-.PHONY: setup setup-sglang setup-vllm setup-vllm033 model test test-fast test-core test-vllm lint bench stress demo demo-kv-pressure sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
+.PHONY: setup setup-sglang setup-vllm setup-vllm033 model test test-fast test-python-core test-core test-vllm lint bench stress demo demo-kv-pressure sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
 
 setup: setup-sglang setup-vllm setup-vllm033 model
 
 setup-sglang: $(VENV)/.feather-setup
-NATIVE_SRC := CMakeLists.txt sglang_feather/cht/_native/core.cpp
+NATIVE_SRC := CMakeLists.txt sglang_feather/cht/_native/CMakeLists.txt sglang_feather/cht/_native/build_optional.cmake sglang_feather/cht/_native/core.cpp
 $(VENV)/.feather-setup: scripts/setup_venv.sh requirements/sglang-cpu.txt requirements/dev.txt requirements/constraints.txt pyproject.toml scaffold/cpu/_tv_cpu_shim.py $(NATIVE_SRC)
 	bash scripts/setup_venv.sh $(VENV)
 	touch $@
@@ -44,6 +44,13 @@ test: setup
 	$(PY) -m pytest tests --ignore=tests/vllm -m server $(PYTEST_ARGS)
 	FEATHER_EXPECT_VLLM=0.32.0 $(PY_VLLM) -m pytest tests/vllm $(PYTEST_ARGS)
 	FEATHER_EXPECT_VLLM=0.33.0 $(PY_VLLM033) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-python-core
+
+# The admission, SGLang-object and simulator suites once more on the pure-Python CHT core (what a failed
+# build of the compiled one installs), on 2 workers; tests/cht runs both cores already. tests/sglang last: its
+# modules import its conftest by name, which must be the last initial conftest pytest loads.
+test-python-core: setup-sglang
+	SGLANG_FEATHER_CHT=python $(PY) -m pytest tests/sim tests/core tests/sglang -m "not server" -n 2 $(PYTEST_ARGS)
 
 # Everything but the tests that start servers; the three venvs side by side, the SGLang one on 2 workers;
 # FEATHER_TEST_FAST=1 runs the CHT state machine with 100 sequences per core (`make test`: 300).

@@ -32,10 +32,20 @@ def _select() -> tuple[type, str, str]:
     return NativeTree, "native", f"{ENV_VAR}={choice}"
 
 
+PYTHON_CORE_WARNING = (
+    "Chunked Hash Tree core: python (%s). The pure-Python core is about 26x slower per scheduling run than the "
+    "compiled one; reinstall with a C++17 compiler (`pip install sglang-feather` builds it) to get it back."
+)
+
+
 ChunkedHashTree, BACKEND, _REASON = _select()
-logger.info("Chunked Hash Tree core: %s (%s)", BACKEND, _REASON)
+if BACKEND == "python":
+    logger.warning(PYTHON_CORE_WARNING, _REASON)
+else:
+    logger.info("Chunked Hash Tree core: %s (%s)", BACKEND, _REASON)
 
 
 def backend_name() -> str:
-    """`native` or `python`: the core `ChunkedHashTree` is (for logs and the metrics label)."""
+    """`native` or `python`: the core `ChunkedHashTree` is (the startup log line, and the `core` label of the
+    `sglang:feather_info` metric, sglang/metrics.py)."""
     return BACKEND

@@ -34,3 +34,11 @@ class HashChainError(CHTError, ValueError):
 
 class InvalidArrival(CHTError, ValueError):
     """An arrival time that cannot be ordered: NaN, or not a number at all."""
+
+
+class InvalidDepth(CHTError, ValueError):
+    """A prefix depth that is not an integer or lies outside what the query allows for the request."""
+
+
+class InvalidNamespace(CHTError, TypeError):
+    """A namespace (LoRA id, cache salt) that is neither a str nor None."""

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import xxhash
 
-from sglang_feather.cht.errors import EmptyPrompt, InvalidTokens
+from sglang_feather.cht.errors import EmptyPrompt, InvalidNamespace, InvalidTokens
 from sglang_feather.types import ChunkHash
 
 DEFAULT_CHUNK_SIZE = 64
@@ -23,6 +23,8 @@ def namespace_seed(namespace: str | None) -> int:
     """The xxh64 seed for a namespace (LoRA id, cache salt); `None` is the shared default namespace 0."""
     if namespace is None:
         return 0
+    if not isinstance(namespace, str):
+        raise InvalidNamespace(f"a namespace is a str or None, got {type(namespace).__name__}")
     return xxhash.xxh64_intdigest(namespace.encode("utf-8"), seed=0x5EED) or 1
 
 
@@ -39,6 +41,10 @@ def token_bytes(token_ids: Sequence[int] | array | np.ndarray) -> bytes:
         return ids.astype("<u4", copy=False).tobytes()
     try:
         return struct.pack(f"<{len(token_ids)}I", *token_ids)
+    except TypeError:
+        raise InvalidTokens(
+            f"token ids must be a sequence of integers, got {type(token_ids).__name__}"
+        ) from None
     except struct.error as err:
         raise InvalidTokens(f"token ids must be integers in [0, 2**32): {err}") from None
 

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from sglang_feather.cht._native import _core
+from sglang_feather.cht.checks import check_depth, checked_chunk_size, checked_depth, checked_share_depth
 from sglang_feather.cht.errors import (
     DuplicateRequest,
     EmptyPrompt,
@@ -19,7 +20,7 @@ from sglang_feather.cht.errors import (
 )
 from sglang_feather.cht.hashing import DEFAULT_CHUNK_SIZE, namespace_seed, token_bytes
 from sglang_feather.cht.nodes import RequestState
-from sglang_feather.cht.tree import Candidate, check_depth
+from sglang_feather.cht.tree import Candidate
 from sglang_feather.types import ChunkHash, RequestId
 
 # How it works. The C++ core numbers requests with u32 handles (reused after a request leaves). `NativeTree`
@@ -41,8 +42,7 @@ class NativeTree(_core.Core):
     """The compiled Chunked Hash Tree; same methods, results and errors as `PythonTree`."""
 
     def __init__(self, chunk_size: int = DEFAULT_CHUNK_SIZE):
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        chunk_size = checked_chunk_size(chunk_size)
         super().__init__(chunk_size)
         self.chunk_size = chunk_size
         self._handles: dict[RequestId, int] = {}
@@ -94,17 +94,21 @@ class NativeTree(_core.Core):
 
     def prefix_hash(self, request_id: RequestId, depth: int = 1) -> ChunkHash:
         handle = self._handle(request_id)
-        check_depth(request_id, depth, self._num_chunks(handle))
-        return self._prefix_hash(handle, depth)
+        return self._prefix_hash(handle, check_depth(request_id, depth, self._num_chunks(handle)))
 
     def num_missing(self, request_id: RequestId) -> int:
         return self._num_missing(self._handle(request_id))
 
     def num_holding(self, request_id: RequestId, depth: int) -> int:
-        return self._num_holding(self._handle(request_id), depth)
+        handle = self._handle(request_id)
+        return self._num_holding(handle, checked_depth(request_id, depth, 0, self._num_chunks(handle)))
 
     def shares_prefix(self, request_id: RequestId, other_id: RequestId, depth: int) -> bool:
-        return self._shares_prefix(self._handle(request_id), self._handle(other_id), depth)
+        handle, other = self._handle(request_id), self._handle(other_id)
+        depth = checked_share_depth(depth)
+        if depth > min(self._num_chunks(handle), self._num_chunks(other)):
+            return False
+        return self._shares_prefix(handle, other, depth)
 
     def oldest(self) -> RequestId | None:
         handle = self._oldest()

@@ -11,15 +11,22 @@ from operator import attrgetter
 
 import numpy as np
 
+from sglang_feather.cht.checks import (
+    check_depth,
+    checked_arrival,
+    checked_chunk_size,
+    checked_depth,
+    checked_hashes,
+    checked_share_depth,
+)
 from sglang_feather.cht.errors import (
     DuplicateRequest,
     EmptyPrompt,
     HashChainError,
-    InvalidArrival,
     InvalidTransition,
     UnknownRequest,
 )
-from sglang_feather.cht.hashing import DEFAULT_CHUNK_SIZE, chunk_hashes
+from sglang_feather.cht.hashing import DEFAULT_CHUNK_SIZE, chunk_hashes, namespace_seed
 from sglang_feather.cht.nodes import (
     COMPACT_MIN,
     PrefixNode,
@@ -93,33 +100,6 @@ _WAITING = RequestState.WAITING
 _ACTIVE = RequestState.ACTIVE
 
 
-def checked_hashes(hashes: Sequence[ChunkHash]) -> array:
-    """Chunk hashes as unsigned 64-bit integers; `HashChainError` for anything else."""
-    try:
-        return array("Q", hashes)
-    except (TypeError, OverflowError, ValueError) as err:
-        raise HashChainError(f"chunk hashes must be integers in [0, 2**64): {err}") from None
-
-
-def check_depth(request_id: RequestId, depth: int, num_chunks: int) -> None:
-    """`ValueError` unless `depth` names one of the request's prefixes (1 <= depth <= num_chunks)."""
-    if not 1 <= depth <= num_chunks:
-        raise ValueError(f"depth must lie in [1, {num_chunks}] for request {request_id!r}, got {depth}")
-
-
-def checked_arrival(request_id: RequestId, arrival: float | None) -> float | None:
-    """`arrival` as a float (None stays None); `InvalidArrival` for NaN or anything `float()` refuses."""
-    if arrival is None:
-        return None
-    try:
-        value = float(arrival)
-    except (TypeError, ValueError):
-        raise InvalidArrival(f"request {request_id!r} has arrival {arrival!r}, not a number") from None
-    if value != value:
-        raise InvalidArrival(f"request {request_id!r} has arrival NaN")
-    return value
-
-
 class PythonTree:
     """The pure-Python core (and the reference the compiled one is held to); see "how it works" above.
 
@@ -131,9 +111,7 @@ class PythonTree:
     """
 
     def __init__(self, chunk_size: int = DEFAULT_CHUNK_SIZE):
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-        self.chunk_size = chunk_size
+        self.chunk_size = checked_chunk_size(chunk_size)
         self._root = PrefixNode(None, None, 0, -1)
         self._nodes: dict[ChunkHash, PrefixNode] = {}
         self._requests: dict[RequestId, TrackedRequest] = {}
@@ -221,8 +199,7 @@ class PythonTree:
     def prefix_hash(self, request_id: RequestId, depth: int = 1) -> ChunkHash:
         """The hash that names the request's first `depth` chunks (`path_hashes(...)[depth - 1]`)."""
         path = self._get(request_id).path
-        check_depth(request_id, depth, len(path))
-        return path[depth - 1].hash
+        return path[check_depth(request_id, depth, len(path)) - 1].hash
 
     def num_missing(self, request_id: RequestId) -> int:
         """Chunks of the request's prompt that neither a running request nor the engine's cache holds."""
@@ -230,12 +207,17 @@ class PythonTree:
         return len(path) - _covered_depth(path)
 
     def num_holding(self, request_id: RequestId, depth: int) -> int:
-        """Running requests that hold the first `depth` chunks of this request's prompt."""
-        return self._get(request_id).path[depth - 1].num_active if depth > 0 else len(self._active)
+        """Running requests that hold the first `depth` chunks of this request's prompt (0: every running
+        request); `InvalidDepth` unless 0 <= depth <= its chunks."""
+        path = self._get(request_id).path
+        depth = checked_depth(request_id, depth, 0, len(path))
+        return path[depth - 1].num_active if depth > 0 else len(self._active)
 
     def shares_prefix(self, request_id: RequestId, other_id: RequestId, depth: int) -> bool:
-        """Whether two requests have the same first `depth` chunks."""
+        """Whether two requests have the same first `depth` chunks (False when either has fewer);
+        `InvalidDepth` for a negative depth."""
         path, other = self._get(request_id).path, self._get(other_id).path
+        depth = checked_share_depth(depth)
         return depth == 0 or (
             len(other) >= depth and len(path) >= depth and path[depth - 1] is other[depth - 1]
         )
@@ -321,12 +303,13 @@ class PythonTree:
         namespace: str | None = None,
         arrival: float | None = None,
     ) -> int:
-        """Add a waiting request; returns its number of chunks."""
+        """Add a waiting request; returns its number of chunks. Checks, in order: the id, the namespace, the
+        arrival, the token ids (the compiled core's order too)."""
         if request_id in self._requests:
             raise DuplicateRequest(f"request {request_id!r} is already in the tree")
-        return self.insert_hashes(
-            request_id, chunk_hashes(token_ids, self.chunk_size, namespace), arrival=arrival
-        )
+        namespace_seed(namespace)
+        arrival = checked_arrival(request_id, arrival)
+        return self._add(request_id, chunk_hashes(token_ids, self.chunk_size, namespace), arrival)
 
     def insert_hashes(
         self, request_id: RequestId, hashes: Sequence[ChunkHash], *, arrival: float | None = None
@@ -334,10 +317,12 @@ class PythonTree:
         """Add a waiting request from precomputed cumulative hashes (e.g. vLLM's block hashes)."""
         if request_id in self._requests:
             raise DuplicateRequest(f"request {request_id!r} is already in the tree")
+        return self._add(request_id, hashes, checked_arrival(request_id, arrival))
+
+    def _add(self, request_id: RequestId, hashes: Sequence[ChunkHash], arrival: float | None) -> int:
         hashes = checked_hashes(hashes)
         if not hashes:
             raise EmptyPrompt(f"request {request_id!r} has no chunks")
-        arrival = checked_arrival(request_id, arrival)
         path, num_existing = self._build_path(hashes)
         seq = next(self._seq)
         req = TrackedRequest(request_id, path, float(seq) if arrival is None else arrival, seq)
@@ -491,8 +476,12 @@ class PythonTree:
     def cache_remove(self, hashes: Iterable[ChunkHash]) -> int:
         """The engine evicted these prefixes (and so every cached prefix that extends them); hashes the tier
         does not hold are ignored. Returns the chunks uncached."""
+        try:
+            named = iter(hashes)
+        except TypeError:
+            raise HashChainError("chunk hashes must be an iterable of integers") from None
         doomed = [
-            chunk_hash for chunk_hash in hashes if chunk_hash in self._cache
+            chunk_hash for chunk_hash in named if chunk_hash in self._cache
         ]  # may raise: nothing changed
         gone: list[ChunkHash] = []
         for chunk_hash in doomed:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sglang_feather.cht import backend_name
+
 STEP_TIME_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
 DEPTH_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 GROUP_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
@@ -73,6 +75,14 @@ class FeatherMetrics:
             **common,
         )
 
+        self._info = Gauge(
+            "sglang:feather_info",
+            "1, labelled with the Chunked Hash Tree core in use (core: native, or python, ~26x slower).",
+            labelnames=[*names, "core"],
+            registry=common["registry"],
+            multiprocess_mode="mostrecent",
+        )
+        self._info.labels(**self.labels, core=backend_name()).set(1)
         self._tracked = Gauge(
             "sglang:feather_tracked_requests",
             "Requests in Feather's Chunked Hash Tree after the last scheduler step, by state (waiting/active).",

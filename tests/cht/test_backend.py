@@ -59,3 +59,37 @@ def test_fallback_core_runs_a_workload():
     done = run(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["b", "1"]
+
+
+def test_the_python_core_is_a_warning_at_startup():
+    done = run("import logging; logging.basicConfig()\n" + HIDE_EXTENSION + REPORT)
+    assert done.returncode == 0, done.stderr
+    assert "WARNING:sglang_feather.cht.backend:Chunked Hash Tree core: python" in done.stderr
+    assert "26x slower" in done.stderr
+
+
+def test_the_python_core_warns_even_with_logging_unconfigured():
+    done = run(REPORT, "python")
+    assert "Chunked Hash Tree core: python (forced by SGLANG_FEATHER_CHT=python)" in done.stderr
+
+
+METRIC = (
+    "from prometheus_client import CollectorRegistry\n"
+    "from sglang_feather.sglang.metrics import FeatherMetrics\n"
+    "registry = CollectorRegistry()\n"
+    "FeatherMetrics({'model_name': 'tiny'}, registry=registry)\n"
+    "for core in ('native', 'python'):\n"
+    "    print(core, registry.get_sample_value('sglang:feather_info', {'model_name': 'tiny', 'core': core}))\n"
+)
+
+
+def test_the_info_metric_names_the_python_core():
+    done = run(HIDE_EXTENSION + METRIC)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["native", "None", "python", "1.0"]
+
+
+def test_the_info_metric_names_the_compiled_core(native_cls):
+    done = run(METRIC)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["native", "1.0", "python", "None"]

@@ -38,12 +38,36 @@
 #include <utility>
 #include <vector>
 
+// Portability: GCC and Clang on Linux, Apple Clang, MSVC. Huge-page mappings are Linux's (mmap + madvise
+// MADV_HUGEPAGE); elsewhere large arrays come from the aligned allocator like small ones. Token ids are hashed
+// as little-endian words: a compiler that names the byte order is checked here, any other at import
+// (`little_endian()` in the module init), so a big-endian build never yields wrong digests.
+#if defined(__linux__) && defined(__has_include)
+#if __has_include(<sys/mman.h>)
 #include <sys/mman.h>
+#endif
+#endif
+#if defined(MADV_HUGEPAGE) && defined(MAP_ANONYMOUS)
+#define FEATHER_HUGE_PAGES 1
+#else
+#define FEATHER_HUGE_PAGES 0
+#endif
+#if defined(_MSC_VER)
+#include <malloc.h>
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define FEATHER_PREFETCH(...) __builtin_prefetch(__VA_ARGS__)
+#else
+#define FEATHER_PREFETCH(...) ((void)0)
+#endif
+
+#if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__)
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token ids are hashed as little-endian words");
+#endif
 
 namespace nb = nanobind;
 using namespace nb::literals;
-
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token ids are hashed as little-endian words");
 
 namespace {
 
@@ -102,7 +126,7 @@ struct U32Tokens {
     const unsigned char* p;
     uint64_t word(size_t k) const { return read64(p + 4 * k); }
     uint32_t one(size_t k) const { return read32(p + 4 * k); }
-    void prefetch(size_t k) const { __builtin_prefetch(p + 4 * k); }
+    void prefetch(size_t k) const { FEATHER_PREFETCH(p + 4 * k); }
     bool valid() const { return true; }
 };
 
@@ -119,7 +143,7 @@ struct I32Tokens {
         sign |= w;
         return w;
     }
-    void prefetch(size_t k) const { __builtin_prefetch(p + 4 * k); }
+    void prefetch(size_t k) const { FEATHER_PREFETCH(p + 4 * k); }
     bool valid() const { return (sign & 0x8000000080000000ULL) == 0; }
 };
 
@@ -138,7 +162,7 @@ struct WideTokens {
         high |= a;
         return static_cast<uint32_t>(a);
     }
-    void prefetch(size_t k) const { __builtin_prefetch(p + k); }
+    void prefetch(size_t k) const { FEATHER_PREFETCH(p + k); }
     bool valid() const { return (high >> 32) == 0; }
 };
 
@@ -500,29 +524,66 @@ void heap_pop(V& h) {
 // faults per 10K-token insert into a growing tree, each several µs here). Where THP is off this is a no-op.
 constexpr size_t HUGE_PAGE = size_t{1} << 21;
 
-// Arrays of a huge page or more are their own 2 MiB-aligned mappings (returned to the system when freed);
-// smaller ones come from malloc, cache-line aligned.
-inline void* alloc_bytes(size_t bytes) {
-    if (bytes < HUGE_PAGE) {
-        void* p = std::aligned_alloc(64, (bytes + 63) & ~size_t{63});
-        if (p == nullptr) throw std::bad_alloc();
-        return p;
-    }
-    size_t size = (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-    void* raw = mmap(nullptr, size + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) throw std::bad_alloc();
-    uintptr_t start = reinterpret_cast<uintptr_t>(raw);
-    uintptr_t aligned = (start + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-    if (aligned > start) munmap(raw, aligned - start);
-    if (aligned + size < start + size + HUGE_PAGE) munmap(reinterpret_cast<void*>(aligned + size), start + HUGE_PAGE - aligned);
-    void* p = reinterpret_cast<void*>(aligned);
-    madvise(p, size, MADV_HUGEPAGE);
+// Cache-line aligned memory from the system allocator (`aligned_alloc` needs macOS 10.15, so POSIX systems use
+// posix_memalign; MSVC has its own pair).
+inline void* alloc_aligned(size_t bytes) {
+    size_t size = (bytes + 63) & ~size_t{63};
+#if defined(_MSC_VER)
+    void* p = _aligned_malloc(size, 64);
+#else
+    void* p = nullptr;
+    if (posix_memalign(&p, 64, size) != 0) p = nullptr;
+#endif
+    if (p == nullptr) throw std::bad_alloc();
     return p;
 }
 
+inline void free_aligned(void* p) {
+#if defined(_MSC_VER)
+    _aligned_free(p);
+#else
+    std::free(p);
+#endif
+}
+
+// Where huge pages exist, arrays of a huge page or more are their own 2 MiB-aligned mappings (returned to the
+// system when freed); smaller ones, and every array elsewhere, come from the aligned allocator.
+inline void* alloc_bytes(size_t bytes) {
+#if FEATHER_HUGE_PAGES
+    if (bytes >= HUGE_PAGE) {
+        size_t size = (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+        void* raw = mmap(nullptr, size + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (raw == MAP_FAILED) throw std::bad_alloc();
+        uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+        uintptr_t aligned = (start + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+        if (aligned > start) munmap(raw, aligned - start);
+        if (aligned + size < start + size + HUGE_PAGE)
+            munmap(reinterpret_cast<void*>(aligned + size), start + HUGE_PAGE - aligned);
+        void* p = reinterpret_cast<void*>(aligned);
+        madvise(p, size, MADV_HUGEPAGE);
+        return p;
+    }
+#endif
+    return alloc_aligned(bytes);
+}
+
 inline void free_bytes(void* p, size_t bytes) {
-    if (bytes < HUGE_PAGE) std::free(p);
-    else munmap(p, (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1));
+#if FEATHER_HUGE_PAGES
+    if (bytes >= HUGE_PAGE) {
+        munmap(p, (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1));
+        return;
+    }
+#endif
+    (void)bytes;
+    free_aligned(p);
+}
+
+// Whether this machine stores integers little-endian (checked at import where the compiler does not say).
+inline bool little_endian() {
+    const uint32_t one = 1;
+    unsigned char first;
+    std::memcpy(&first, &one, 1);
+    return first == 1;
 }
 
 // A stateless std allocator over a memory source with static `allocate(bytes)` and `release(p, bytes)`.
@@ -715,7 +776,7 @@ class HashIndex {
         return n;
     }
 
-    void prefetch(uint64_t key) const { __builtin_prefetch(&slots_[mix(key) & (slots_.size() - 1)]); }
+    void prefetch(uint64_t key) const { FEATHER_PREFETCH(&slots_[mix(key) & (slots_.size() - 1)]); }
 
   private:
     static constexpr uint32_t VACANT = ROOT;  // the value of an empty slot: the root has no hash
@@ -743,9 +804,9 @@ class HashIndex {
         constexpr size_t AHEAD = 16;
         auto kept = [&](size_t i) { return old[i].val != VACANT && live(old[i]); };
         for (size_t i = 0; i < std::min(AHEAD, old.size()); ++i)
-            if (kept(i)) __builtin_prefetch(&slots_[mix(old[i].key) & mask], 1);
+            if (kept(i)) FEATHER_PREFETCH(&slots_[mix(old[i].key) & mask], 1);
         for (size_t i = 0; i < old.size(); ++i) {
-            if (i + AHEAD < old.size() && kept(i + AHEAD)) __builtin_prefetch(&slots_[mix(old[i + AHEAD].key) & mask], 1);
+            if (i + AHEAD < old.size() && kept(i + AHEAD)) FEATHER_PREFETCH(&slots_[mix(old[i + AHEAD].key) & mask], 1);
             if (!kept(i)) continue;
             const Slot& s = old[i];
             for (size_t j = mix(s.key) & mask;; j = (j + 1) & mask) {
@@ -1022,7 +1083,14 @@ class Core {
     }
 
     // The hash naming the request's first `depth` chunks (1 <= depth <= its chunks; the wrapper checks).
+    // The depth-indexed queries check their depth again (native.NativeTree raises `InvalidDepth` first), so
+    // no call reads outside a path.
+    void check_depth(uint32_t h, int64_t depth, int64_t lowest) const {
+        if (depth < lowest || depth > num_chunks(h)) throw nb::index_error("depth outside the request's chunks");
+    }
+
     uint64_t prefix_hash(uint32_t h, int64_t depth) const {
+        check_depth(h, depth, 1);
         return chunk_hash(reqs_[h].path, static_cast<size_t>(depth - 1));
     }
 
@@ -1032,12 +1100,14 @@ class Core {
     }
 
     int64_t num_holding(uint32_t h, int64_t depth) const {
+        check_depth(h, depth, 0);
         return depth > 0 ? nodes_[reqs_[h].path[static_cast<size_t>(depth - 1)]].num_active
                          : static_cast<int64_t>(num_active_);
     }
 
     bool shares_prefix(uint32_t a, uint32_t b, int64_t depth) const {
         const auto &p = reqs_[a].path, &q = reqs_[b].path;
+        if (depth < 0) throw nb::index_error("negative depth");
         if (depth == 0) return true;
         size_t d = static_cast<size_t>(depth);
         return p.size() >= d && q.size() >= d && p[d - 1] == q[d - 1];
@@ -1144,19 +1214,20 @@ class Core {
     // insert(request_id, token_ids, *, namespace=None, arrival=None) -> num_chunks: the whole insert, id map
     // included, with no Python frame.
     int64_t insert_id(nb::handle rid, nb::handle tokens, nb::handle ns, nb::handle arrival) {
+        // The Python core's order of checks: the id, the namespace, the arrival, then the token ids.
         refuse_duplicate(rid);
+        uint64_t seed = read_seed(ns);
+        double when = 0.0;
+        bool has_arrival = read_arrival(rid, arrival, when);
         PyObject* source = tokens.ptr();
         int is_buffer = PyObject_IsInstance(source, buffer_types_.ptr());
         if (is_buffer < 0) throw nb::python_error();
-        // Ids that are not read in place are packed (and checked) before anything else, as the Python core
-        // checks them first: lists and tuples of ints here, any other sequence by `token_bytes`.
+        // Ids that are not read in place are packed (and checked) before hashing: lists and tuples of ints
+        // here, any other sequence by `token_bytes`.
         nb::object packed;
         int64_t listed = is_buffer ? NOT_IN_PLACE : pack_list(source, scratch_.ids);
         if (listed == INVALID_TOKENS || listed == EMPTY) return added(rid, listed);
         if (!is_buffer && listed == NOT_IN_PLACE) packed = pack_tokens(source);
-        uint64_t seed = read_seed(ns);
-        double when = 0.0;
-        bool has_arrival = read_arrival(rid, arrival, when);
         size_t chunk = static_cast<size_t>(chunk_size_);
         int64_t status = is_buffer ? hash_tokens(source, chunk, seed, scratch_, hashes_) : OK;
         if (status == NOT_IN_PLACE) packed = pack_tokens(source);  // another byte order, dtype or shape
@@ -1446,7 +1517,10 @@ class Core {
     // the tier does not hold are ignored. The whole iterable is read before anything changes.
     int64_t cache_remove_id(nb::handle hashes) {
         nb::object it = nb::steal(PyObject_GetIter(hashes.ptr()));
-        if (!it.is_valid()) throw nb::python_error();
+        if (!it.is_valid()) {
+            PyErr_Clear();
+            raise_hash_chain("chunk hashes must be an iterable of integers");
+        }
         chain_.clear();
         while (PyObject* item = PyIter_Next(it.ptr())) {
             nb::object held = nb::steal(item);
@@ -1520,22 +1594,26 @@ class Core {
         }
     }
 
-    // An arrival as a double (false for None); `InvalidArrival`, raised here, for anything float() refuses
-    // (NaN is refused later, by `insert`, as BAD_ARRIVAL).
+    // An arrival as a double (false for None); `InvalidArrival`, raised here, for NaN and for anything float()
+    // refuses (an int too large for a double included), as tree.py's `checked_arrival`.
     bool read_arrival(nb::handle rid, nb::handle arrival, double& out) const {
         if (arrival.is_none()) return false;
         if (PyFloat_CheckExact(arrival.ptr())) {
             out = PyFloat_AS_DOUBLE(arrival.ptr());
-            return true;
+        } else {
+            nb::object value = nb::steal(PyNumber_Float(arrival.ptr()));
+            if (!value.is_valid()) {
+                PyErr_Clear();
+                PyErr_Format(invalid_arrival_error_.ptr(), "request %R has arrival %R, not a number", rid.ptr(),
+                             arrival.ptr());
+                throw nb::python_error();
+            }
+            out = PyFloat_AS_DOUBLE(value.ptr());
         }
-        nb::object value = nb::steal(PyNumber_Float(arrival.ptr()));
-        if (!value.is_valid()) {
-            PyErr_Clear();
-            PyErr_Format(invalid_arrival_error_.ptr(), "request %R has arrival %R, not a number", rid.ptr(),
-                         arrival.ptr());
+        if (std::isnan(out)) {
+            PyErr_Format(invalid_arrival_error_.ptr(), "request %R has arrival NaN", rid.ptr());
             throw nb::python_error();
         }
-        out = PyFloat_AS_DOUBLE(value.ptr());
         return true;
     }
 
@@ -1679,7 +1757,7 @@ class Core {
     // Paths are walked node by node; issuing every load first lets the misses overlap (nodes of one
     // request are scattered over the slab once requests come and go).
     void prefetch_path(const std::vector<uint32_t>& path) const {
-        for (size_t d = 0, len = num_distinct(path); d < len; ++d) __builtin_prefetch(&nodes_[path[d]]);
+        for (size_t d = 0, len = num_distinct(path); d < len; ++d) FEATHER_PREFETCH(&nodes_[path[d]]);
     }
 
     // Nodes on a path, counting a tail (which repeats over its chunks at the path's end) once: the walks that
@@ -2777,7 +2855,7 @@ uint64_t read_words(nb::handle buffer) {
     size_t n = static_cast<size_t>(view.len) / 8;
     uint64_t acc = 0;
     for (size_t i = 0; i < n; i += 8) {
-        __builtin_prefetch(p + 8 * (i + PREFETCH_TOKENS));
+        FEATHER_PREFETCH(p + 8 * (i + PREFETCH_TOKENS));
         for (size_t k = i; k < std::min(i + 8, n); ++k) acc ^= read64(p + 8 * k);
     }
     PyBuffer_Release(&view);
@@ -2799,6 +2877,7 @@ nb::list chunk_hashes(nb::handle tokens, int64_t chunk_size, uint64_t seed) {
 }  // namespace
 
 NB_MODULE(_core, m) {
+    if (!little_endian()) throw nb::import_error("the compiled CHT core hashes little-endian words; this machine is not");
     m.doc() = "The Chunked Hash Tree's compiled core (see core.cpp); use it through sglang_feather.cht.";
     m.attr("EMPTY") = static_cast<int64_t>(EMPTY);
     m.attr("INVALID_TOKENS") = static_cast<int64_t>(INVALID_TOKENS);

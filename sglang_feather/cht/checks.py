@@ -1,0 +1,74 @@
+"""Argument checks both cores share, so that a bad argument raises the same CHT error on each."""
+
+from __future__ import annotations
+
+import operator
+from array import array
+from collections.abc import Sequence
+
+from sglang_feather.cht.errors import HashChainError, InvalidArrival, InvalidDepth
+from sglang_feather.types import ChunkHash, RequestId
+
+MAX_CHUNK_SIZE = 2**31
+"""Tokens per chunk, exclusive bound (the compiled core reads a chunk's bytes with 32-bit-safe arithmetic)."""
+
+
+def checked_chunk_size(chunk_size: int) -> int:
+    """`chunk_size` as an int in [1, 2**31); `TypeError` for a non-integer, `ValueError` out of range."""
+    try:
+        value = operator.index(chunk_size)
+    except TypeError:
+        raise TypeError(f"chunk_size must be an integer, got {chunk_size!r}") from None
+    if not 1 <= value < MAX_CHUNK_SIZE:
+        raise ValueError(f"chunk_size must lie in [1, 2**31), got {chunk_size}")
+    return value
+
+
+def checked_hashes(hashes: Sequence[ChunkHash]) -> array:
+    """Chunk hashes as unsigned 64-bit integers; `HashChainError` for anything else."""
+    try:
+        return array("Q", hashes)
+    except (TypeError, OverflowError, ValueError) as err:
+        raise HashChainError(f"chunk hashes must be integers in [0, 2**64): {err}") from None
+
+
+def checked_depth(request_id: RequestId, depth: int, lowest: int, num_chunks: int) -> int:
+    """`depth` as an int in [lowest, num_chunks]; `InvalidDepth` for anything else."""
+    try:
+        value = operator.index(depth)
+    except TypeError:
+        raise InvalidDepth(f"depth must be an integer, got {depth!r}") from None
+    if not lowest <= value <= num_chunks:
+        raise InvalidDepth(
+            f"depth must lie in [{lowest}, {num_chunks}] for request {request_id!r}, got {value}"
+        )
+    return value
+
+
+def check_depth(request_id: RequestId, depth: int, num_chunks: int) -> int:
+    """`depth` naming one of the request's prefixes (1 <= depth <= num_chunks); `InvalidDepth` otherwise."""
+    return checked_depth(request_id, depth, 1, num_chunks)
+
+
+def checked_share_depth(depth: int) -> int:
+    """A depth for `shares_prefix`: any integer >= 0 (beyond a request's chunks it shares nothing)."""
+    try:
+        value = operator.index(depth)
+    except TypeError:
+        raise InvalidDepth(f"depth must be an integer, got {depth!r}") from None
+    if value < 0:
+        raise InvalidDepth(f"depth must be >= 0, got {value}")
+    return value
+
+
+def checked_arrival(request_id: RequestId, arrival: float | None) -> float | None:
+    """`arrival` as a float (None stays None); `InvalidArrival` for NaN or anything `float()` refuses."""
+    if arrival is None:
+        return None
+    try:
+        value = float(arrival)
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidArrival(f"request {request_id!r} has arrival {arrival!r}, not a number") from None
+    if value != value:
+        raise InvalidArrival(f"request {request_id!r} has arrival NaN")
+    return value
