@@ -223,7 +223,7 @@ class AdapterHarness:
     def tracked(self) -> dict[str, int]:
         """Feather's internal index sizes (all zero once every request finished or was aborted)."""
         runtime = self.runtime
-        tree = runtime.tree
+        tree = runtime.admission.tree
         admission = runtime.admission
         return {
             "mirror": len(runtime.mirror),
@@ -233,8 +233,5 @@ class AdapterHarness:
             "tree_suspended": tree.num_suspended,
             "tree_nodes": tree.num_nodes,
             "tree_index_entries": tree.num_index_entries,
-            "arrivals": len(admission._arrivals),
-            "skipped": len(admission._skipped),
-            "pass_admitted": len(admission._pass_admitted),
-            "records": len(admission._records),
+            **admission.index_sizes(),
         }

@@ -21,10 +21,10 @@ from sglang_feather.sglang.options import FEATHER, FeatherOptions
 # `PrefillAdder`, SGLang's waiting list and running `ScheduleBatch`) with the running prompts already in the
 # prefix cache: SGLang's `dfs-weight`, and `feather` driven through the plugin's hook functions (running
 # requests tracked as admitted, the W requests arrived through `_add_request_to_queue`). A sample is one
-# prefill pass from the queue in arrival order; the sides alternate sample by sample; after each sample the
-# queue is restored untimed (the admitted requests go back to the waiting list; for Feather through the same
-# retraction event SGLang raises), so every sample sees the same queue. A decode-step sample is the mean of
-# `decode_block` calls of Feather's end-of-step hook on a decode plan of the R running requests.
+# prefill pass; the sides alternate sample by sample; after each sample the queue is restored untimed (the
+# admitted requests go back to the end of the waiting list, as SGLang re-queues a retracted request; for
+# Feather through the same retraction event SGLang raises), so every sample sees the same requests waiting.
+# A decode-step sample is the mean of `decode_block` calls of Feather's end-of-step hook on a decode plan of the R running requests.
 
 BASELINE = "dfs-weight"
 STOPPER = "static"
@@ -83,11 +83,16 @@ def tree_cache() -> str:
     return describe_tree_cache(make_radix_cache())
 
 
-def _restore(harness: AdapterHarness, result: PassResult, queue: list) -> None:
+def _restore(harness: AdapterHarness, result: PassResult, queue: list) -> list:
+    """Put the admitted requests back at the end of the waiting queue, where SGLang puts retracted requests
+    (for Feather through the same retraction event SGLang raises); returns the queue for the next sample."""
+    admitted = set(result.admitted)
+    queue = [req for req in queue if req not in admitted] + list(result.admitted)
     harness.scheduler.waiting_queue = list(queue)
     if harness.is_feather:
         for req in result.admitted:
             harness.runtime.mirror.queued(req)
+    return queue
 
 
 def _build(policy: str, running_prompts, waiting_prompts, stopper: str) -> tuple[AdapterHarness, float]:
@@ -129,7 +134,7 @@ def measure_cell(
     check_s: list[float] = []
     with frozen_heap():
         for name, harness in sides.items():  # warm-up: radix node splits, Feather's first end-of-step
-            _restore(harness, harness.prefill_pass(), queues[name])
+            queues[name] = _restore(harness, harness.prefill_pass(), queues[name])
         for i in range(repeat):
             order = list(sides) if i % 2 == 0 else list(reversed(sides))
             for name in order:
@@ -138,7 +143,7 @@ def measure_cell(
                 with gc_disabled():
                     result = harness.prefill_pass()
                 results[name].append(result)
-                _restore(harness, result, queues[name])
+                queues[name] = _restore(harness, result, queues[name])
             gc.collect()
             with gc_disabled():
                 decode_s.append(sum(feather.step_end_hook() for _ in range(decode_block)) / decode_block)

@@ -159,7 +159,7 @@ class _Soak:
                 next_checkpoint += checkpoint_every
 
     def checkpoint(self) -> Checkpoint:
-        self.harness.runtime.tree.check_invariants()
+        self.harness.runtime.admission.tree.check_invariants()
         gc.collect()
         traced = feather = 0.0
         if tracemalloc.is_tracing():

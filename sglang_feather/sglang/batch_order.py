@@ -37,12 +37,12 @@ ADMISSION = "admission"
 PREFIX = "prefix"
 
 
-def _admission_order(_tree: Any, _request_ids: Sequence[Any]) -> list[Any] | None:
+def _admission_order(_admission: Any, _request_ids: Sequence[Any]) -> list[Any] | None:
     return None
 
 
-def _prefix_order(tree: Any, request_ids: Sequence[Any]) -> list[Any]:
-    return tree.prefix_order([rid for rid in request_ids if rid in tree])
+def _prefix_order(admission: Any, request_ids: Sequence[Any]) -> list[Any]:
+    return admission.prefix_order(request_ids)
 
 
 BATCH_ORDERS: dict[str, Callable[[Any, Sequence[Any]], list[Any] | None]] = {
@@ -127,7 +127,7 @@ def after_merge(batch: Any, _other: Any) -> None:
     runtime = scheduler.policy.feather
     t0 = time.perf_counter()
     rids = [req.rid for req in batch.reqs]
-    keep = keep_indices(BATCH_ORDERS[order](runtime.admission.tree, rids), rids)
+    keep = keep_indices(BATCH_ORDERS[order](runtime.admission, rids), rids)
     if keep is not None:
         permute(batch, keep)
     seconds = time.perf_counter() - t0

@@ -8,7 +8,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_feather.cht import RequestState
 from sglang_feather.types import ChunkHash
 
 # How it works.
@@ -22,7 +21,10 @@ from sglang_feather.types import ChunkHash
 # Admissions are Feather's own decisions. `sync()` is the slow path: it reconciles ids with the full queues
 # (used as a periodic self-check, and when an event was missed); its count of corrections is the drift. The
 # chunked-prefill request is in flight between passes (neither waiting nor in the running batch), so a
-# partial sync keeps an absent active request unless it has finished; a complete one drops it.
+# partial sync keeps an absent active request unless it has finished; a complete one drops it. Each waiting
+# request also gets a queue number, increasing in the order SGLang appends to `waiting_queue` (a sync numbers
+# the queue it is given in its order): apart from the requests Feather moved to the head in a pass, the queue
+# stays sorted by it, so the runtime finds a request there by bisection (`seq`).
 
 
 def namespace_of(req: Any) -> str | None:
@@ -51,6 +53,7 @@ class _Entry:
     req: Any
     num_tokens: int
     first_hash: ChunkHash
+    seq: int = -1
 
 
 class QueueMirror:
@@ -60,16 +63,13 @@ class QueueMirror:
         self.admission = admission
         self._entries: dict[Any, _Entry] = {}
         self._num_changes = 0
+        self._next_seq = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def __contains__(self, rid: Any) -> bool:
         return rid in self._entries
-
-    @property
-    def tree(self):
-        return self.admission.tree
 
     def request(self, rid: Any) -> Any:
         return self._entries[rid].req
@@ -81,9 +81,21 @@ class QueueMirror:
     def tracked(self) -> Iterable[Any]:
         return self._entries.keys()
 
+    def seq(self, req: Any) -> int:
+        """`req`'s queue number (-1 for a `Req` the mirror does not track as this object)."""
+        entry = self._entries.get(req.rid)
+        return entry.seq if entry is not None and entry.req is req else -1
+
     def queued(self, req: Any) -> None:
         """`req` entered SGLang's waiting queue (a new request, or a retracted one)."""
         self._ensure_waiting(req)
+        self._number(req)
+
+    def _number(self, req: Any) -> None:
+        entry = self._entries.get(req.rid)
+        if entry is not None:
+            entry.seq = self._next_seq
+            self._next_seq += 1
 
     def left(self, req: Any) -> bool:
         """`req` left for good (finished or aborted); False if the mirror did not track this `Req`."""
@@ -106,12 +118,13 @@ class QueueMirror:
         running_ids = {req.rid for req in running}
         for rid in [rid for rid in self._entries if rid not in waiting_ids and rid not in running_ids]:
             entry = self._entries[rid]
-            if complete or entry.req.finished() or self.tree.state(rid) is not RequestState.ACTIVE:
+            if complete or entry.req.finished() or not self.admission.is_active(rid):
                 self._drop(rid)
         for req in running:
             self._ensure_active(req)
         for req in waiting:
             self._ensure_waiting(req)
+            self._number(req)
         return self._num_changes
 
     def clear(self) -> None:
@@ -124,7 +137,7 @@ class QueueMirror:
             self._enqueue(req)
         elif entry.req is not req or entry.num_tokens != num_tokens_of(req):
             self._enqueue(req, again=True)
-        elif self.tree.state(req.rid) is RequestState.ACTIVE:
+        elif self.admission.is_active(req.rid):
             self.admission.retract(req.rid)
             self._num_changes += 1
 
@@ -135,7 +148,7 @@ class QueueMirror:
             entry = None
         if entry is None and not self._enqueue(req):
             return
-        if self.tree.state(req.rid) is RequestState.WAITING:
+        if self.admission.is_waiting(req.rid):
             self.admission.activate(req.rid)
             self._num_changes += 1
 
@@ -151,7 +164,7 @@ class QueueMirror:
             self.admission.requeue(req.rid, ids, namespace=namespace)
         else:
             self.admission.enqueue(req.rid, ids, namespace=namespace)
-        first_hash = self.tree.prefix_hash(req.rid)
+        first_hash = self.admission.prefix_hash(req.rid)
         self._entries[req.rid] = _Entry(req=req, num_tokens=num_tokens_of(req), first_hash=first_hash)
         self._num_changes += 1
         return True
@@ -159,8 +172,4 @@ class QueueMirror:
     def _drop(self, rid: Any) -> None:
         del self._entries[rid]
         self._num_changes += 1
-        state = self.tree.state(rid)
-        if state is RequestState.ACTIVE:
-            self.admission.finish(rid)
-        elif state is RequestState.WAITING:
-            self.admission.abort(rid)
+        self.admission.leave(rid)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sglang.srt.managers.schedule_policy import AddReqResult
 from sglang.srt.mem_cache.common import match_kv_cache
 
-from sglang_feather.admission import Admission, Proposal
+from sglang_feather.admission import Admission, Pick, Proposal
 from sglang_feather.policy.base import Decision
 from sglang_feather.sglang.cache_events import EventTap, EventTranslator, events_enabled
 from sglang_feather.sglang.metrics import FeatherMetrics
@@ -27,10 +28,13 @@ SAVE_INTERVAL_S = 30.0
 # The scheduler's own events keep the CHT equal to SGLang's queues in O(changed requests): `on_queued` (a
 # request appended to the waiting queue: arrival or retraction), `on_left` (a request finished or aborted),
 # and Feather's own admissions. A pass never sorts the queue. `begin_pass` (from `calc_priority`) moves
-# Feather's first candidate to the head of `waiting_queue`; SGLang's admission loop walks that list and calls
-# the adder, which asks `admit` for each request it reaches. After every admission the next candidate is moved
-# into the slot the loop reaches next (one `list.index` and one move: C-speed, no Python loop over W), so the
-# loop walks Feather's order while SGLang's token and KV budgets keep the last word. What the prefix cache
+# Feather's first pick to the head of `waiting_queue`; SGLang's admission loop walks that list and calls the
+# adder, which asks `admit` for each request it reaches: the stopper decides on the pick there, from the same
+# view of the cache that picked it. After every admission the next pick is moved into the slot the loop reaches
+# next (found by bisection on the mirror's queue numbers, one C-speed move), so the loop walks Feather's order
+# while SGLang's token and KV budgets keep the last word. A request the loop reaches that is not Feather's
+# pick (the loop passed over the pick: LoRA, pooling mode, storage prefetch) is proposed as it is, and the pick
+# waits for the next pass. What the prefix cache
 # holds comes from the cache's own KV events (`cache_events`, drained before every enqueue and at each pass
 # start), so the ranking prefers requests whose prefix is cached and candidates whose prefix an in-flight
 # prefill is computing are skipped, with no cache match per candidate; a cache that records no events falls
@@ -75,6 +79,12 @@ class FeatherRuntime:
             translator = EventTranslator(self.admission, self.config.chunk_size)
             self.events = EventTap(tree_cache, translator, publish=publish_events)
         self._queue: list[Any] | None = None
+        self._pick: Pick | None = None
+        """The request moved to where SGLang's loop reaches next, and its `Req` (`_pick_req`, at `_slot`)."""
+        self._pick_req: Any = None
+        self._slot = 0
+        self.num_scans = 0
+        """Times a pick had to be found in the waiting queue by a linear scan (its order was disturbed)."""
         self._fcfs_pass = False
         self._needs_rebuild = False
         self._step_s = 0.0
@@ -90,10 +100,6 @@ class FeatherRuntime:
         self.num_errors = 0
         if tree_cache is not None:
             _BY_CACHE[id(tree_cache)] = self
-
-    @property
-    def tree(self):
-        return self.admission.tree
 
     # ------------------------------------------------------------ scheduler events
 
@@ -128,6 +134,7 @@ class FeatherRuntime:
         """Called from `calc_priority`: put Feather's first candidate at the head of `waiting_queue`."""
         t0 = time.perf_counter()
         self._queue = waiting_queue
+        self._pick = None
         self._fcfs_pass = False
         try:
             self._drain_events()
@@ -135,9 +142,9 @@ class FeatherRuntime:
             self.admission.begin_pass()
             if self._needs_rebuild:
                 self._rebuild(waiting_queue, running)
-            elif len(waiting_queue) != self.tree.num_waiting:
+            elif len(waiting_queue) != self.admission.num_waiting:
                 self._drifted(self.mirror.sync(waiting_queue, running, complete=False))
-            self._promote(0)
+            self._offer(0)
         except Exception:
             self._failed("pass start", waiting_queue[:8])
         self._step_s += time.perf_counter() - t0
@@ -172,7 +179,7 @@ class FeatherRuntime:
                 self.admission.accept(proposal)
                 if self.metrics is not None:
                     self.metrics.admitted(proposal.candidate.delta)
-                self._promote_after(req)
+                self._offer_after(req)
             else:
                 self.admission.withdraw(proposal)
         except Exception:
@@ -183,39 +190,62 @@ class FeatherRuntime:
     def _proposal_for(self, req: Any, batch_size: int) -> Proposal | None:
         """The stopper's proposal for the request SGLang reached; None ends the pass (Feather has nothing
         more to offer: the request is skipped for this pass or was never Feather's candidate)."""
+        pick, self._pick = self._pick, None
+        if pick is not None and req is self._pick_req:
+            return self.admission.decide(pick, batch_size)
+        if pick is not None:  # SGLang's loop passed over Feather's pick (LoRA, pooling mode, prefetch)
+            self.admission.skip(pick)
         rid = req.rid
         if rid not in self.mirror or self.mirror.request(rid) is not req:
             self.mirror.queued(req)
             self._drifted(1)
-        if not self.admission.is_waiting(rid) or self.tree.is_suspended(rid):
+        if not self.admission.is_waiting(rid) or self.admission.is_skipped(rid):
             return None
         # SGLang's loop ran `req.init_next_round_input` just before: `prefix_len` is what the cache holds.
-        return self.admission.propose(batch_size, request_id=rid, cached_tokens=lambda _: req.prefix_len)
+        pick = self.admission.pick_request(rid, cached_tokens=lambda _: req.prefix_len)
+        return self.admission.decide(pick, batch_size)
 
-    def _promote_after(self, req: Any) -> None:
+    def _offer_after(self, req: Any) -> None:
+        """`req` was admitted: offer the next pick in the slot after it."""
         queue = self._queue
         if queue is None:
             return
-        try:
-            here = queue.index(req)
-        except ValueError:
-            return
-        self._promote(here + 1)
+        slot = self._slot
+        if not (slot < len(queue) and queue[slot] is req):
+            try:
+                slot = queue.index(req)
+            except ValueError:
+                return
+        self._offer(slot + 1)
 
-    def _promote(self, slot: int) -> None:
-        """Move the admission's next request into `queue[slot]`, the next one SGLang's loop reaches."""
+    def _offer(self, slot: int) -> None:
+        """Move the admission's next pick into `queue[slot]`, the next one SGLang's loop reaches."""
         queue = self._queue
-        rid = self.admission.next_request(None if self.events is not None else self._cached_tokens)
-        if queue is None or rid is None:
+        pick = self.admission.next_pick(None if self.events is not None else self._cached_tokens)
+        self._pick = pick
+        if queue is None or pick is None:
             return
-        req = self.mirror.request(rid)
-        if slot < len(queue) and queue[slot] is req:
+        req = self._pick_req = self.mirror.request(pick.request_id)
+        there = self._position(queue, req, slot)
+        if there is None:
             return
+        if there != slot:
+            queue.insert(slot, queue.pop(there))
+        self._slot = slot
+
+    def _position(self, queue: list[Any], req: Any, lo: int) -> int | None:
+        """Where `req` is in `queue[lo:]`: by bisection on the mirror's queue numbers (the part of the queue
+        Feather has not reordered is sorted by them), checked, with a scan when the order was disturbed."""
+        if lo < len(queue) and queue[lo] is req:
+            return lo
+        there = bisect_left(queue, self.mirror.seq(req), lo=lo, key=self.mirror.seq)
+        if there < len(queue) and queue[there] is req:
+            return there
+        self.num_scans += 1
         try:
-            there = queue.index(req, slot)
+            return queue.index(req, lo)
         except ValueError:
-            return
-        queue.insert(slot, queue.pop(there))
+            return None
 
     def _cached_tokens(self, rid: Any) -> int:
         """The prompt prefix SGLang's prefix cache holds for a waiting request (tokens)."""
@@ -231,6 +261,7 @@ class FeatherRuntime:
         """After `get_next_batch_to_run`: reward bookkeeping, metrics, the periodic self-check."""
         t0 = time.perf_counter()
         self._queue = None
+        self._pick = self._pick_req = None
         try:
             self.admission.end_pass()
             self._report_launched()
@@ -246,7 +277,7 @@ class FeatherRuntime:
             if self._needs_rebuild or now - self._last_check >= self.options.self_check_interval_s:
                 self._last_check = now
                 self._self_check(scheduler, plan)
-            if self.tree.num_active == 0:
+            if self.admission.num_active == 0:
                 self.admission.on_batch_drained()
             self._maybe_save(now)
         except Exception:
@@ -254,7 +285,7 @@ class FeatherRuntime:
         self._step_s += time.perf_counter() - t0
         self.last_step_s = self._step_s
         if self.metrics is not None:
-            self.metrics.tracked(self.tree.num_waiting, self.tree.num_active)
+            self.metrics.tracked(self.admission.num_waiting, self.admission.num_active)
             self.metrics.scheduler_step(self._step_s)
         self._step_s = 0.0
 

@@ -40,7 +40,7 @@ def make(page_size: int, chunk_size: int = 8, max_wait_s: float | None = None) -
 
 def without_frontiers(adm: Admission) -> Admission:
     """The reference: every in-flight check asks the engine."""
-    adm._cached_tokens = lambda candidate, cached_tokens: cached_tokens(candidate.request_id)
+    adm._in_flight._cached_tokens = lambda tree, candidate, cached_tokens: cached_tokens(candidate.request_id)
     return adm
 
 
@@ -76,10 +76,10 @@ def test_a_hit_that_ends_in_a_prompts_last_chunk_answers_for_no_other_request():
         return cache.hit(prompts[rid])
 
     adm.begin_pass()
-    short = adm.propose(1, request_id="short", cached_tokens=hit)
+    short = adm.decide(adm.pick_request("short", cached_tokens=hit), 1)
     assert not short.is_deferred and hit("short") == 12
     adm.skip(short)
-    long = adm.propose(1, request_id="long", cached_tokens=hit)
+    long = adm.decide(adm.pick_request("long", cached_tokens=hit), 1)
     assert not long.is_deferred, "its 24 shared tokens are cached (hit 24), not 12 like the short prompt's"
     adm.end_pass()
 

@@ -102,7 +102,9 @@ def test_stopper_ends_the_pass_and_the_rest_keeps_waiting():
     assert [r.rid for r in admitted] == ["g0-0", "g0-3", "g0-6"]
     admission = policy.feather.admission
     assert admission.stats.num_stops == 1 and admission.stats.num_admitted == 3
-    assert {rid for rid in policy.feather.tree.waiting_ids()} == {r.rid for r in waiting if r not in admitted}
+    assert {rid for rid in policy.feather.admission.tree.waiting_ids()} == {
+        r.rid for r in waiting if r not in admitted
+    }
 
 
 def test_sglang_token_budget_still_refuses_and_nothing_is_learned_from_it():
@@ -118,8 +120,12 @@ def test_sglang_token_budget_still_refuses_and_nothing_is_learned_from_it():
     assert result is not AddReqResult.CONTINUE
     stats = policy.feather.admission.stats
     assert (stats.num_admitted, stats.num_withdrawn, stats.num_stops) == (1, 1, 0)
-    assert policy.feather.tree.num_active == 1
-    assert all(policy.feather.tree.state(r.rid) is RequestState.WAITING for r in waiting if r not in admitted)
+    assert policy.feather.admission.tree.num_active == 1
+    assert all(
+        policy.feather.admission.tree.state(r.rid) is RequestState.WAITING
+        for r in waiting
+        if r not in admitted
+    )
 
 
 def test_kv_budget_refusal_withdraws_the_proposal():
@@ -136,7 +142,7 @@ def test_kv_budget_refusal_withdraws_the_proposal():
     assert result is AddReqResult.NO_TOKEN, "strangers go in arrival order; SGLang stops at the first misfit"
     assert admitted == []
     assert policy.feather.admission.stats.num_withdrawn == 1
-    assert policy.feather.tree.state("big") is RequestState.WAITING
+    assert policy.feather.admission.tree.state("big") is RequestState.WAITING
 
 
 def test_other_policies_get_sglangs_adder():

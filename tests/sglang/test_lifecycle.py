@@ -48,7 +48,7 @@ class MiniScheduler:
 
     @property
     def tree(self):
-        return self.policy.feather.tree
+        return self.policy.feather.admission.tree
 
     def view(self):
         return scheduler_view(self.policy, self.waiting_queue, self.chunked_req)

@@ -161,7 +161,7 @@ def test_scheduler_hooks_through_sglangs_hook_wrappers():
     release(gone, cache, checkpoint=False)
     view.waiting_queue = waiting
     plugin._after_get_next_batch_to_run(decode_plan(running), view, running_batch=running, last_batch=None)
-    assert gone.rid not in policy.feather.tree and "w" in policy.feather.tree
+    assert gone.rid not in policy.feather.admission.tree and "w" in policy.feather.admission.tree
 
 
 def test_hooks_applied_twice_stay_single(parser):

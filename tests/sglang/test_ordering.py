@@ -40,7 +40,7 @@ def test_waiting_requests_sharing_the_running_prefix_come_first():
     ]
     policy = feather_policy(make_cache(), _options())
     policy.calc_priority(queue, running)
-    tree = policy.feather.tree
+    tree = policy.feather.admission.tree
     # a1 and a2 share the running request's whole 64-token prefix, a-short only its first 32 tokens: the
     # deepest covered prefix first, then arrival (a1 before a2, whatever their lengths); c0 shares nothing.
     # Only Feather's first candidate moves (to the head); the rest keeps its arrival order (no O(W) sort).
@@ -63,7 +63,7 @@ def test_no_128_request_cap():
     policy = feather_policy(make_cache(), _options())
     policy.calc_priority(feather_queue, batch([make_req("run", running_ids)]))
     assert feather_queue[0].rid == "hit"
-    assert len(feather_queue) == 300 and policy.feather.tree.num_waiting == 300
+    assert len(feather_queue) == 300 and policy.feather.admission.tree.num_waiting == 300
 
 
 def test_namespaces_never_share_chunks():
@@ -78,7 +78,7 @@ def test_namespaces_never_share_chunks():
     ]
     policy = feather_policy(make_cache(), _options())
     policy.calc_priority(queue, running)
-    tree = policy.feather.tree
+    tree = policy.feather.admission.tree
     assert tree.num_missing("same-lora") == 0
     for rid in ("other-lora", "no-lora", "salted", "extra-key"):
         assert tree.num_missing(rid) == tree.num_chunks(rid) == 4, rid

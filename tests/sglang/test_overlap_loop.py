@@ -141,8 +141,8 @@ class OverlapScheduler:
         for reqs in (self.running_batch.reqs, *(launched.reqs for launched, _result in self.result_queue)):
             live |= {r.rid for r in reqs if not r.finished() and not r.is_retracted}
         assert set(self.runtime.mirror.tracked()) == live
-        assert set(self.runtime.tree.waiting_ids()) == {r.rid for r in self.waiting_queue}
-        self.runtime.tree.check_invariants()
+        assert set(self.runtime.admission.tree.waiting_ids()) == {r.rid for r in self.waiting_queue}
+        self.runtime.admission.tree.check_invariants()
 
 
 def _requests(num: int, rng: random.Random, first_id: int = 0) -> list:
@@ -170,7 +170,7 @@ def test_requests_finishing_in_the_inflight_batch_are_no_drift():
         sched.assert_tracks_every_live_request()
     assert sched.num_excluded > 0, "SGLang never dropped a finishing request early: the test checked nothing"
     assert not sched.waiting_queue and not sched.running_batch.reqs and not sched.result_queue
-    assert len(sched.runtime.tree) == 0 and len(sched.runtime.mirror) == 0
+    assert len(sched.runtime.admission.tree) == 0 and len(sched.runtime.mirror) == 0
 
 
 @pytest.mark.parametrize("seed", [3, 4])
@@ -200,5 +200,5 @@ def test_overlap_loop_with_arrivals_aborts_and_retractions_has_no_drift_and_no_l
     for _ in range(8):
         sched.iteration()
     assert not sched.running_batch.reqs and not sched.result_queue
-    assert len(sched.runtime.tree) == 0 and len(sched.runtime.mirror) == 0
+    assert len(sched.runtime.admission.tree) == 0 and len(sched.runtime.mirror) == 0
     assert sched.runtime.num_drift == 0 and sched.runtime.num_errors == 0

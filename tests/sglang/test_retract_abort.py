@@ -192,8 +192,8 @@ def test_request_retract_decode_aborts_for_lack_of_kv_is_reported_once_and_not_d
     assert sched.runtime.num_drift == 0, "retract_decode's abort reached Feather only through the self-check"
     live = {r.rid for r in sched.waiting_queue} | {r.rid for r in sched.running_batch.reqs}
     assert set(sched.runtime.mirror.tracked()) == live
-    assert set(sched.runtime.tree.waiting_ids()) == {r.rid for r in sched.waiting_queue}
-    sched.runtime.tree.check_invariants()
+    assert set(sched.runtime.admission.tree.waiting_ids()) == {r.rid for r in sched.waiting_queue}
+    sched.runtime.admission.tree.check_invariants()
 
 
 @pytest.mark.usefixtures("hooked_release_kv_cache")
@@ -213,5 +213,5 @@ def test_abort_reported_twice_counts_once():
     sched._step_end(None)
     assert sched.runtime.num_drift == 0
     assert set(sched.runtime.mirror.tracked()) == {second.rid}
-    assert set(sched.runtime.tree.waiting_ids()) == {second.rid}
-    sched.runtime.tree.check_invariants()
+    assert set(sched.runtime.admission.tree.waiting_ids()) == {second.rid}
+    sched.runtime.admission.tree.check_invariants()

@@ -246,8 +246,8 @@ def test_options_come_from_additional_config_and_the_engine():
     shape = EngineShape(block_size=32, feather={"stopper": "ucb", "max_wait_s": 5.0, "seed": 3})
     admission = make_scheduler(FeatherScheduler, shape).admission
     assert (admission.stopper.name, admission.guard.max_wait_s, admission.tree.chunk_size) == ("ucb", 5.0, 32)
-    assert admission._page_size == 32
-    assert admission._state_tag == {"engine": "vllm", "model": str(require_model()), "device": "cpu"}
+    assert admission.page_size == 32
+    assert admission.state_tag == {"engine": "vllm", "model": str(require_model()), "device": "cpu"}
     defaults = make_scheduler(FeatherScheduler, EngineShape()).admission
     assert (defaults.stopper.name, defaults.tree.chunk_size) == (DEFAULT_STOPPER, 16)
 

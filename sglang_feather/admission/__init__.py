@@ -1,0 +1,18 @@
+"""Engine-agnostic admission: which waiting requests join the batch, and the stopper's reward bookkeeping."""
+
+from sglang_feather.admission.config import DEFAULT_STOPPER, AdmissionConfig
+from sglang_feather.admission.core import Admission
+from sglang_feather.admission.results import AdmissionPlan, AdmissionStats, Pick, Proposal, StopReason
+from sglang_feather.options import ConfigError
+
+__all__ = [
+    "DEFAULT_STOPPER",
+    "Admission",
+    "AdmissionConfig",
+    "AdmissionPlan",
+    "AdmissionStats",
+    "ConfigError",
+    "Pick",
+    "Proposal",
+    "StopReason",
+]

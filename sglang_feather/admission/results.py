@@ -1,0 +1,79 @@
+"""What the admission component hands back: picks, proposals, a pass's plan, running totals."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from sglang_feather.cht import Candidate
+from sglang_feather.policy.base import Decision, Observation
+from sglang_feather.types import RequestId
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The request the admission offers next, before the stopper is asked."""
+
+    candidate: Candidate
+    is_aged: bool
+    """The aging guard chose it: it is admitted whatever the stopper would say."""
+    is_deferred: bool = False
+    """Running requests share chunks with it that the engine's cache does not hold yet (page-rounded): their
+    prefill is still computing that prefix, so admitting it now would compute the prefix twice. Only a pick
+    the engine named (`Admission.pick_request`) can be deferred; the admission's own picks skip such
+    requests."""
+
+    @property
+    def request_id(self) -> RequestId:
+        return self.candidate.request_id
+
+
+@dataclass(frozen=True)
+class Proposal:
+    candidate: Candidate
+    observation: Observation
+    decision: Decision
+    is_aged: bool
+    """The aging guard chose this request; the stopper was not asked."""
+    is_deferred: bool = False
+    """A deferred pick (see `Pick.is_deferred`): the stopper was not asked; the engine skips it for this pass
+    (`Admission.skip`)."""
+
+    @property
+    def request_id(self) -> RequestId:
+        return self.candidate.request_id
+
+
+class StopReason(enum.Enum):
+    STOPPER = "stopper"
+    """The stopping policy said stop."""
+    EMPTY = "empty"
+    """No request is waiting."""
+    LIMIT = "limit"
+    """The caller's request limit for this pass was reached."""
+    BUDGET = "budget"
+    """The engine could not fit the candidate (tokens, KV memory, slots)."""
+
+
+@dataclass(frozen=True)
+class AdmissionPlan:
+    admitted: tuple[RequestId, ...]
+    stop: StopReason
+
+
+@dataclass
+class AdmissionStats:
+    """Running totals for metrics; never read by the admission logic itself."""
+
+    num_admitted: int = 0
+    num_aged: int = 0
+    num_consults: int = 0
+    """Candidates on which the stopper had a choice: not aged, not deferred, and not forced by its own rule
+    (an empty batch, or Δ = 0: nothing shared is at stake; `policy.context.is_forced`)."""
+    num_stops: int = 0
+    num_withdrawn: int = 0
+    num_deferred: int = 0
+    num_cache_events: int = 0
+    num_windows: int = 0
+    sum_delta: int = 0
+    last_reward: float | None = None
