@@ -143,3 +143,13 @@ def compacted_arrivals(heap: list[tuple]) -> list[tuple]:
     compacted = list(kept.values())
     heapq.heapify(compacted)
     return compacted
+
+
+def keep_bounded(node: PrefixNode) -> None:
+    """Compact a node's candidate and arrival heaps once their entries outnumber its live requests by the
+    compaction bound (what `_push` and `_push_arrival` keep on every push)."""
+    live = node.num_waiting + node.num_active
+    if len(node.candidates) > 4 * live + COMPACT_MIN:
+        node.candidates = compacted(node.candidates)
+    if node.arrivals is not None and len(node.arrivals) > 4 * live + COMPACT_MIN:
+        node.arrivals = compacted_arrivals(node.arrivals)
