@@ -28,7 +28,7 @@ def mark_matched(runtime: Any, waiting_queue: Sequence[Any]) -> bool:
             runtime.events.drain()
         admission = runtime.admission
         for req in waiting_queue:
-            if admission.state(req.rid) is None:
+            if not admission.is_waiting(req.rid):
                 return False
             # A cache never matches a whole prompt: SGLang always computes the last token.
             req.num_matched_prefix_tokens = min(admission.covered_tokens(req.rid), max(0, req.seqlen - 1))
