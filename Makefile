@@ -13,7 +13,7 @@ STRESS_OPS ?= 1000000
 PYTEST_ARGS ?=
 DEMO_ARGS  ?=
 
-.PHONY: setup setup-sglang setup-vllm setup-vllm033 model test test-fast test-python-core test-core test-vllm lint bench stress demo demo-kv-pressure sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
+.PHONY: setup setup-sglang setup-vllm setup-vllm033 model test test-fast test-python-core test-core test-vllm lint bench stress demo demo-kv-pressure demo-cluster sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
 
 setup: setup-sglang setup-vllm setup-vllm033 model
 
@@ -103,3 +103,8 @@ kernels-smoke: setup-sglang
 
 clean:
 	rm -rf results .pytest_cache .ruff_cache .hypothesis
+
+# 2 SGLang workers behind SMG cache_aware (smg launch), fcfs, lpm, dfs-weight and feather, 3 runs each
+# (docs/scaling.md); e.g. make demo-cluster DEMO_ARGS='--repeat 1 --policies feather'
+demo-cluster: setup-sglang model
+	$(PY) -m sglang_feather.cluster_demo --model $(MODEL) $(DEMO_ARGS)
