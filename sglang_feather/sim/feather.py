@@ -80,5 +80,5 @@ class FeatherPolicy:
             self.admission.on_decode_step(num_tokens)
         else:
             self.admission.on_prefill_step()
-        if self.admission.tree.num_active == 0:
+        if self.admission.num_active == 0:
             self.admission.on_batch_drained()

@@ -16,7 +16,6 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
 from sglang_feather.admission import Admission
-from sglang_feather.cht import RequestState
 from sglang_feather.types import RequestId
 from sglang_feather.vllm.cache_tier import CacheFeed, unfed_reason
 from sglang_feather.vllm.capacity import CapacityEstimate
@@ -76,7 +75,7 @@ class FeatherScheduler(Scheduler):
         """Keeps Admission's cache tier equal to vLLM's prefix cache; None where it cannot (`unfed_reason`)."""
         logger.info(
             "FeatherScheduler: chunk = block = %d tokens, stopper %s, max_wait_s %s, cache tier %s",
-            self.admission.tree.chunk_size,
+            self.admission.chunk_size,
             self.admission.stopper.name,
             self.admission.guard.max_wait_s,
             "fed by the block pool" if unfed is None else f"off ({unfed})",
@@ -104,15 +103,8 @@ class FeatherScheduler(Scheduler):
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
         result = super()._free_request(request, delay_free_blocks)
-        self._forget(request.request_id)
+        self.admission.leave(request.request_id)
         return result
-
-    def _forget(self, request_id: RequestId) -> None:
-        state = self.admission.tree.state(request_id)
-        if state is RequestState.ACTIVE:
-            self.admission.finish(request_id)
-        elif state is RequestState.WAITING:
-            self.admission.abort(request_id)
 
     # ------------------------------------------------------------------ one step
 

@@ -184,10 +184,12 @@ def test_planned_requests_vllm_does_not_admit_go_back_to_waiting(monkeypatch):
 
 
 def _record_windows(admission) -> list[tuple[int, float]]:
+    """Every window the admission's reward window closes, as (tokens, decode seconds)."""
     windows = []
-    end_window = admission.end_window
-    admission.end_window = lambda num_tokens, elapsed_s: (
-        windows.append((num_tokens, elapsed_s)) or end_window(num_tokens, elapsed_s)
+    window = admission._window
+    end = window.end
+    window.end = lambda num_tokens, elapsed_s: (
+        windows.append((num_tokens, elapsed_s)) or end(num_tokens, elapsed_s)
     )
     return windows
 
