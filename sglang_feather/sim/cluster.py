@@ -59,18 +59,43 @@ class Instance(Engine):
                 raise RuntimeError("instance stalled with requests it cannot run")
             self.now = max(self.now, self._arrivals[0][0])
 
-    def load(self, in_flight: int) -> InstanceLoad:
+    def report(self) -> InstanceLoad:
+        """What SGLang's load report says now (in-flight left to the router)."""
         pending = [*self.waiting.values(), *(self.by_rid[rid] for _, _, rid in self._arrivals)]
         cache = self.pool.cache
         uncached = sum(s.prompt_len - _cached_tokens(cache, s) for s in pending)
         pool = self.pool
         held = pool.capacity - pool.free - cache.num_evictable
-        return InstanceLoad(in_flight, len(pending), uncached, held / pool.capacity)
+        return InstanceLoad(0, len(pending), uncached, held / pool.capacity)
 
 
 def _cached_tokens(cache: PrefixCache, s: ReqState) -> int:
     k = cache.match(s.hashes)
     return s.ends[k - 1] if k else 0
+
+
+class LoadReports:
+    """The instances' load reports as SMG holds them: read every `poll_s`, with the prompt tokens dispatched
+    since credited to their instance, and SMG's own in-flight counts."""
+
+    def __init__(self, instances: Sequence[Instance], poll_s: float) -> None:
+        self.instances, self.poll_s = instances, poll_s
+        self.read_at = -float("inf")
+        self.last: list[InstanceLoad] = []
+        self.credits = [0] * len(instances)
+
+    def loads(self, now: float, in_flight: Sequence[int]) -> list[InstanceLoad]:
+        if now - self.read_at >= self.poll_s:
+            self.read_at = now
+            self.last = [inst.report() for inst in self.instances]
+            self.credits = [0] * len(self.instances)
+        return [
+            replace(load, in_flight=n, waiting_tokens=load.waiting_tokens + credit)
+            for load, n, credit in zip(self.last, in_flight, self.credits, strict=True)
+        ]
+
+    def credit(self, instance: int, num_tokens: int) -> None:
+        self.credits[instance] += num_tokens
 
 
 @dataclass(frozen=True)
@@ -139,6 +164,7 @@ def simulate_cluster(
     limit = config.max_concurrency
     slots = [0.0] * (limit if limit is not None else len(states))
     last_send, placement = 0.0, {}
+    reports = LoadReports(instances, cluster.router.load_poll_s)
     while pending or any(inst.busy for inst in instances):
         busy = [i for i, inst in enumerate(instances) if inst.busy]
         next_step = min((instances[i].now for i in busy), default=float("inf"))
@@ -148,8 +174,8 @@ def simulate_cluster(
         if send_at <= next_step:
             heapq.heappop(slots)
             s = pending.pop()
-            loads = [inst.load(n) for inst, n in zip(instances, in_flight, strict=True)]
-            where = router.route(s.hashes, s.ends, s.prompt_len, loads)
+            where = router.route(s.hashes, s.ends, s.prompt_len, reports.loads(send_at, in_flight))
+            reports.credit(where, s.prompt_len)
             instances[where].dispatch(s, send_at)
             in_flight[where] += 1
             placement[s.rid] = where

@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 # 4. a cache miss goes to the lowest-expected-wait eligible worker;
 # 5. records the chosen worker as a holder of the request's prefix.
 # Expected wait: SMG scores it like its least_load policy, queued and in-flight token work over the worker's
-# reported throughput; this model uses the instance's waiting uncached prompt tokens (what SGLang's load
-# report counts, and what Feather now reports exactly) plus its in-flight count as a tie-break, with the
-# same throughput for every instance. Not modelled: the 10 s load-poll staleness (the model reads the
-# instance's state at the moment of routing), the warm-up slice (--worker-warmup-secs), the wedge and stall
-# detectors, KV-usage triggers (off by default).
+# reported throughput, each dispatch credited to the chosen worker until its next load report; this model
+# uses the waiting uncached prompt tokens of the last report (what SGLang's load report counts, and what
+# Feather reports exactly) plus the prompt tokens dispatched since, then the in-flight count as a tie-break,
+# with the same throughput for every instance. Load reports (waiting requests, waiting tokens, KV usage) are
+# read every `load_poll_s`; in-flight counts are SMG's own, always current. Not modelled: the warm-up slice
+# (--worker-warmup-secs), the wedge and stall detectors, KV-usage triggers (off by default).
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,9 @@ class RouterConfig:
     """`--worker-overload-waiting-requests` default (protection on by default in 1.13.0); None turns it off."""
     overload_token_usage: float = 0.8
     """`--worker-overload-token-usage` default."""
+    load_poll_s: float = 10.0
+    """How often SMG reads each worker's load report (`/v1/loads`): `--load-monitor-interval` default, and the
+    10 s between `Fetched loads` lines in a live run's debug log (results of `make demo-cluster`)."""
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,7 @@ def parser() -> argparse.ArgumentParser:
         default=d.overload_waiting_requests,
         help="0 turns worker overload protection off",
     )
+    r.add_argument("--load-poll-s", type=float, default=d.load_poll_s, help="seconds between load reports")
     return p
 
 
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         balance_abs_threshold=args.balance_abs_threshold,
         balance_rel_threshold=args.balance_rel_threshold,
         overload_waiting_requests=args.worker_overload_waiting_requests or None,
+        load_poll_s=args.load_poll_s,
     )
     requests = make_workload(args.workload, workload_config(args))
     admission = admission_config(args)

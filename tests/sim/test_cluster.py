@@ -6,7 +6,7 @@ import pytest
 from sim_helpers import ALL_POLICIES, h200_cost, small_gsp
 
 from sglang_feather.admission import AdmissionConfig
-from sglang_feather.sim.cluster import ClusterConfig, simulate_cluster
+from sglang_feather.sim.cluster import ClusterConfig, LoadReports, simulate_cluster
 from sglang_feather.sim.engine import EngineConfig
 from sglang_feather.sim.router import CacheAwareRouter, InstanceLoad, RouterConfig
 from sglang_feather.sim.run import RunSpec
@@ -53,6 +53,23 @@ def test_an_overloaded_holder_is_left_out_while_another_is_not():
     off = CacheAwareRouter(2, RouterConfig(overload_waiting_requests=None))
     off.route(HASHES, ENDS, 64, idle(2))
     assert off.route(HASHES, ENDS, 64, queued) == 0
+
+
+def test_load_reports_are_read_every_poll_and_dispatches_credited_between():
+    class Reporting:
+        def __init__(self):
+            self.waiting_tokens = 100
+
+        def report(self):
+            return InstanceLoad(0, 1, self.waiting_tokens, 0.2)
+
+    instance = Reporting()
+    reports = LoadReports([instance], poll_s=10.0)
+    assert reports.loads(0.0, [3]) == [InstanceLoad(3, 1, 100, 0.2)]
+    reports.credit(0, 50)
+    instance.waiting_tokens = 7
+    assert reports.loads(9.9, [4]) == [InstanceLoad(4, 1, 150, 0.2)]  # the old report, plus the credit
+    assert reports.loads(10.0, [4]) == [InstanceLoad(4, 1, 7, 0.2)]  # a new report, credits cleared
 
 
 @pytest.mark.parametrize("policy", ALL_POLICIES)
