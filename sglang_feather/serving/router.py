@@ -25,6 +25,12 @@ prefix), `spill` (the match cleared `--cache-threshold` but the request went els
 worker overload protection), `expected_wait_fallback` (a cache miss, routed by load)."""
 
 
+NO_KEEPALIVE = ("--sse-keepalive-secs", "0")
+"""SMG sends an SSE comment after 15 s without a token (`--sse-keepalive-secs`, for idle-timeout proxies);
+bench_serving's sglang client parses every stream line as JSON and counts that request as failed. On a loaded
+CPU a request can wait that long for its first token (16 of 128 failed so in one dfs-weight run)."""
+
+
 @dataclass(frozen=True)
 class RouterSpec:
     policy: str = "cache_aware"
@@ -40,7 +46,7 @@ def router_argv(
         python, "-m", "smg.launch_router", "--host", "127.0.0.1", "--port", str(port),
         "--worker-urls", *worker_urls, "--policy", spec.policy,
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-        *spec.extra_args,
+        *NO_KEEPALIVE, *spec.extra_args,
     ]  # fmt: skip
 
 
