@@ -83,6 +83,8 @@ class FeatherRuntime:
         """The request moved to where SGLang's loop reaches next, and its `Req` (`_pick_req`, at `_slot`)."""
         self._pick_req: Any = None
         self._slot = 0
+        self._moved: list[Any] = []
+        """Picks moved to the head of the queue and not admitted: put back in queue-number order next pass."""
         self.num_scans = 0
         """Times a pick had to be found in the waiting queue by a linear scan (its order was disturbed)."""
         self._fcfs_pass = False
@@ -144,6 +146,7 @@ class FeatherRuntime:
                 self._rebuild(waiting_queue, running)
             elif len(waiting_queue) != self.admission.num_waiting:
                 self._drifted(self.mirror.sync(waiting_queue, running, complete=False))
+            self._put_back(waiting_queue)
             self._offer(0)
         except Exception:
             self._failed("pass start", waiting_queue[:8])
@@ -177,6 +180,8 @@ class FeatherRuntime:
         try:
             if added():
                 self.admission.accept(proposal)
+                if self._moved and self._moved[-1] is req:
+                    self._moved.pop()
                 if self.metrics is not None:
                     self.metrics.admitted(proposal.candidate.delta)
                 self._offer_after(req)
@@ -231,7 +236,18 @@ class FeatherRuntime:
             return
         if there != slot:
             queue.insert(slot, queue.pop(there))
+            self._moved.append(req)
         self._slot = slot
+
+    def _put_back(self, queue: list[Any]) -> None:
+        """Return the last pass's moved, unadmitted picks from the head of the queue (where SGLang's filter of
+        the admitted ones left them, in slot order) to their places in queue-number order."""
+        moved, self._moved = self._moved, []
+        for req in moved:
+            if not queue or queue[0] is not req:
+                return
+            queue.pop(0)
+            queue.insert(bisect_left(queue, self.mirror.seq(req), key=self.mirror.seq), req)
 
     def _position(self, queue: list[Any], req: Any, lo: int) -> int | None:
         """Where `req` is in `queue[lo:]`: by bisection on the mirror's queue numbers (the part of the queue

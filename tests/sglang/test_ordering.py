@@ -159,3 +159,39 @@ def test_other_policies_keep_sglangs_helpers(name):
 def test_unknown_policy_still_raises_sglangs_error():
     with pytest.raises(ValueError, match="Unknown schedule_policy"):
         FeatherSchedulePolicy("nonsense", make_cache(), False, False, False)
+
+
+def test_picks_are_found_by_bisection_through_arrivals_refusals_retractions_and_finishes():
+    """SGLang's waiting queue, as its own events leave it (appends, the admitted filtered out, a refused pick
+    left at the head, retracted requests appended), stays sorted by the mirror's queue numbers outside the
+    head Feather reordered: every pick is found without a linear scan, and nothing drifts."""
+    from sglang_feather.offline.adapter_harness import AdapterHarness
+    from sglang_feather.offline.sglang_objects import make_req as make_sglang_req
+    from sglang_feather.sglang.options import FEATHER
+
+    rng = random.Random(0)
+    harness = AdapterHarness(FEATHER, options=_options(), allocator_size=4000)
+    runtime = harness.runtime
+    num_admitted = num_refused = 0
+    for step in range(60):
+        for i in range(rng.randint(2, 12)):
+            group = rng.randrange(6)
+            harness.arrive(
+                make_sglang_req(
+                    f"s{step}-{i}", group_prompt(group, 256, rng.randint(8, 300), salt=step * 10 + i)
+                )
+            )
+        waiting_before = len(harness.waiting)
+        result = harness.prefill_pass()
+        num_admitted += len(result.admitted)
+        num_refused += waiting_before > len(result.admitted) > 0
+        harness.merge(result.admitted)
+        for req in list(harness.running):
+            roll = rng.random()
+            if roll < 0.15:
+                harness.finish(req)
+            elif roll < 0.2:
+                harness.retract(req)
+        assert runtime.num_scans == 0, f"step {step}: a pick was found by a linear scan"
+        assert runtime.num_drift == 0 and runtime.num_errors == 0
+    assert num_admitted > 50 and num_refused > 5, "the budget must refuse picks for the test to mean anything"
