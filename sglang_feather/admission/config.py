@@ -66,6 +66,14 @@ class AdmissionConfig:
         parse=parse_seconds_or_none,
         check=seconds_or_none,
     )
+    due_when_overtaken: bool = option(
+        True,
+        metavar="on|off",
+        help="Also make a request due (the aging guard serves it first) once it has waited longer than the median "
+        "of the last 16 admitted requests: the ranking is overtaking it",
+        parse=parse_on_off,
+        check=boolean,
+    )
     state_path: str | None = option(
         None,
         metavar="FILE",

@@ -80,7 +80,7 @@ class Admission:
         return cls(
             ChunkedHashTree(config.chunk_size),
             make_policy(config.stopper, seed=config.seed, **config.stopper_options),
-            AgingGuard(config.max_wait_s),
+            AgingGuard(config.max_wait_s, when_overtaken=config.due_when_overtaken),
             clock=clock,
             state_path=config.state_path,
             defer_uncached_prefix=config.defer_uncached_prefix,
@@ -303,6 +303,7 @@ class Admission:
         self._in_flight.admitted(proposal.request_id)
         self.stats.num_admitted += 1
         self.stats.sum_delta += proposal.candidate.delta
+        self.guard.served(self.wait_s(proposal.request_id))
         if proposal.is_aged:
             self.stats.num_aged += 1
             self._aged_this_pass = True

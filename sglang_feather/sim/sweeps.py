@@ -172,6 +172,7 @@ SWEEPS: dict[str, Callable[[], Iterator[Case]]] = {
 VARIANTS: dict[str, tuple[str, dict]] = {
     "feather-noguard": ("feather", {"max_wait_s": None}),
     "feather-60s": ("feather", {"max_wait_s": 60.0}),
+    "feather-bound-only": ("feather", {"due_when_overtaken": False}),
 }
 """Extra policy names a sweep may run: a policy with some admission options changed."""
 

@@ -3,6 +3,7 @@ import math
 import pytest
 
 from sglang_feather.policy import DEFAULT_MAX_WAIT_S, AgingGuard, RewardNormalizer
+from sglang_feather.policy.aging import LEAD_WINDOW
 
 
 def test_aging_guard_fires_at_the_bound_and_not_before():
@@ -24,6 +25,26 @@ def test_the_lead_is_the_longest_recent_delay_and_at_most_half_the_bound():
     off = AgingGuard(None)
     off.admitted(1e9)
     assert off.lead_s == 0.0 and not off.is_starved(1e12)
+
+
+def test_a_request_is_due_once_it_waited_longer_than_the_median_recent_admission():
+    guard = AgingGuard(100.0)
+    for wait in range(LEAD_WINDOW - 1):
+        guard.served(float(wait))
+    assert guard.due_wait_s == 100.0, "not before a whole window of admissions was seen"
+    guard.served(1000.0)
+    assert guard.due_wait_s == (LEAD_WINDOW // 2 - 1 + LEAD_WINDOW // 2) / 2
+    assert guard.is_starved(guard.due_wait_s) and not guard.is_starved(guard.due_wait_s - 0.01)
+    for _ in range(LEAD_WINDOW):
+        guard.served(0.5)
+    assert guard.due_wait_s == 0.5, "the window slides"
+    for _ in range(LEAD_WINDOW):
+        guard.served(250.0)
+    assert guard.due_wait_s == 100.0, "never later than the bound"
+    bound_only = AgingGuard(100.0, when_overtaken=False)
+    for _ in range(LEAD_WINDOW):
+        bound_only.served(0.5)
+    assert bound_only.due_wait_s == 100.0
 
 
 def test_aging_guard_default_and_off():
