@@ -26,9 +26,9 @@ C=(-c "$ROOT/requirements/constraints.txt")
 # compiles the CHT core into sglang_feather/cht/_native next to the sources.
 "${PIP[@]}" install "${C[@]}" --no-deps -e "$ROOT"
 
-# CPU test scaffolding: scaffold/cpu on sys.path (stub sgl_kernel) and the torchvision import shim.
-SP=$("$V/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-printf '%s\nimport _tv_cpu_shim\n' "$ROOT/scaffold/cpu" > "$SP/feather_cpu_scaffold.pth"
+# CPU test scaffolding: scaffold/cpu on sys.path (stub sgl_kernel) and the torchvision import shim; every
+# path relative, so the venv survives moving the checkout.
+bash "$ROOT/scripts/relocatable.sh" "$V" SCAFFOLD
 
 "$V/bin/python" - <<'PY'
 import torch, sglang, sglang_feather

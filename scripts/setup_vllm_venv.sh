@@ -55,6 +55,7 @@ fi
 
 "${PIP[@]}" install "${C[@]}" xxhash numpy -r "$ROOT/requirements/dev.txt"
 "${PIP[@]}" install "${C[@]}" --no-deps -e "$ROOT"
+bash "$ROOT/scripts/relocatable.sh" "$V"
 
 VLLM_TARGET_DEVICE=cpu "$V/bin/python" - "$DIST" "$VLLM_VERSION" <<'PY'
 import importlib.metadata as m
