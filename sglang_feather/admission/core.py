@@ -303,13 +303,14 @@ class Admission:
         self._in_flight.admitted(proposal.request_id)
         self.stats.num_admitted += 1
         self.stats.sum_delta += proposal.candidate.delta
-        self.guard.served(self.wait_s(proposal.request_id))
+        wait_s = self.wait_s(proposal.request_id)
         if proposal.is_aged:
             self.stats.num_aged += 1
             self._aged_this_pass = True
-            self.guard.admitted(self.wait_s(proposal.request_id))
+            self.guard.admitted(wait_s)
         else:
             self._window.record(DecisionRecord(proposal.observation, Decision.ADD))
+        self.guard.served(wait_s)
 
     def decline(self, proposal: Proposal) -> None:
         """The stopper's STOP ends this pass; its decisions await the window's reward."""

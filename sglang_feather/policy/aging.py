@@ -47,6 +47,8 @@ class AgingGuard:
         self.when_overtaken = when_overtaken
         self._recent: deque[float] = deque(maxlen=LEAD_WINDOW)
         """Waits of the last admitted requests (any, aged or not)."""
+        self._due_s: float | None = None
+        self._update_due()
 
     @property
     def enabled(self) -> bool:
@@ -55,21 +57,27 @@ class AgingGuard:
     @property
     def due_wait_s(self) -> float | None:
         """The wait from which a request is due (None: the guard is off)."""
+        return self._due_s
+
+    def _update_due(self) -> None:
         if self.max_wait_s is None:
-            return None
+            self._due_s = None
+            return
         due = self.max_wait_s - self.lead_s
         if self.when_overtaken and len(self._recent) == self._recent.maxlen:
             due = min(due, statistics.median(self._recent))
-        return due
+        self._due_s = due
 
     def served(self, wait_s: float) -> None:
         """Any request was admitted after waiting `wait_s`."""
         self._recent.append(wait_s)
+        if self.when_overtaken:
+            self._update_due()
 
     def is_starved(self, wait_s: float) -> bool:
         if math.isnan(wait_s):
             raise ValueError("AgingGuard.is_starved: wait_s is NaN")
-        due = self.due_wait_s
+        due = self._due_s
         return due is not None and wait_s >= due
 
     def admitted(self, wait_s: float) -> None:
@@ -79,6 +87,7 @@ class AgingGuard:
             return
         self._delays.append(max(0.0, wait_s - due))
         self.lead_s = min(max(self._delays), self.max_wait_s / 2)
+        self._update_due()
 
     def __repr__(self) -> str:
         return f"AgingGuard(max_wait_s={self.max_wait_s!r}, lead_s={self.lead_s:.3g})"
