@@ -13,6 +13,7 @@ from sglang_feather.admission.config import AdmissionConfig
 from sglang_feather.admission.deferral import InFlightCheck
 from sglang_feather.admission.results import AdmissionPlan, AdmissionStats, Pick, Proposal, StopReason
 from sglang_feather.admission.rewards import RewardWindow
+from sglang_feather.admission.views import TreeViews
 from sglang_feather.cht import ChunkedHashTree, RequestState
 from sglang_feather.policy import AgingGuard, make_policy
 from sglang_feather.policy.base import Decision, DecisionRecord, Observation, StoppingPolicy
@@ -41,7 +42,7 @@ logger = logging.getLogger(__name__)
 # engine's queues.
 
 
-class Admission:
+class Admission(TreeViews):
     """The CHT, a stopper and the aging guard behind one event API shared by every engine adapter."""
 
     def __init__(
@@ -379,46 +380,10 @@ class Admission:
         if self._state_path is not None:
             save_state(self.stopper, self._state_path, tag=self.state_tag)
 
-    # ----------------------------------------------------------------- views for adapters
+    # ----------------------------------------------------------------- bookkeeping views
 
     def wait_s(self, request_id: RequestId) -> float:
         return self.clock() - self._arrivals[request_id]
-
-    @property
-    def chunk_size(self) -> int:
-        return self.tree.chunk_size
-
-    @property
-    def num_waiting(self) -> int:
-        return self.tree.num_waiting
-
-    @property
-    def num_active(self) -> int:
-        return self.tree.num_active
-
-    def state(self, request_id: RequestId) -> RequestState | None:
-        """WAITING, ACTIVE, or None for a request Feather does not track."""
-        return self.tree.state(request_id)
-
-    def is_waiting(self, request_id: RequestId) -> bool:
-        return self.tree.state(request_id) is RequestState.WAITING
-
-    def is_active(self, request_id: RequestId) -> bool:
-        return self.tree.state(request_id) is RequestState.ACTIVE
-
-    def is_skipped(self, request_id: RequestId) -> bool:
-        """Skipped for the rest of this pass (deferred, or passed over by the engine's loop)."""
-        return self.tree.is_suspended(request_id)
-
-    def prefix_hash(self, request_id: RequestId) -> ChunkHash:
-        """The hash of a request's first chunk: its prefix group."""
-        return self.tree.prefix_hash(request_id)
-
-    def covered_tokens(self, request_id: RequestId) -> int:
-        """Prompt tokens of a tracked request that running requests or the engine's cache hold (whole chunks,
-        as the cache tier knows them): what its prefill will not compute. For engines' load reports."""
-        tree = self.tree
-        return (tree.num_chunks(request_id) - tree.num_missing(request_id)) * tree.chunk_size
 
     def index_sizes(self) -> dict[str, int]:
         """Entries of the admission's own per-request indexes (all zero once every request left): leak checks."""
@@ -428,8 +393,3 @@ class Admission:
             "pass_admitted": self._in_flight.num_admitted,
             "records": self._window.num_records,
         }
-
-    def prefix_order(self, request_ids: Sequence[RequestId]) -> list[RequestId]:
-        """The tracked ones of `request_ids` with requests sharing a prefix contiguous at every depth."""
-        tree = self.tree
-        return tree.prefix_order([rid for rid in request_ids if rid in tree])
