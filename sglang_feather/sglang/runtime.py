@@ -218,6 +218,7 @@ class FeatherRuntime:
             return
         slot = self._slot
         if not (slot < len(queue) and queue[slot] is req):
+            self.num_scans += 1
             try:
                 slot = queue.index(req)
             except ValueError:

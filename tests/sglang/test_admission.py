@@ -286,3 +286,40 @@ def test_window_closes_when_the_batch_drains_so_idle_time_is_not_rewarded():
     waiting.append(make_req("after-idle", group_prompt(0, 48, 8, salt=77)))
     _pass(policy, cache, allocator, waiting, running)
     assert admission.stats.num_windows == 1 and admission.stats.last_reward == reward_at_drain
+
+
+def test_a_pick_sglangs_loop_passes_over_waits_for_the_next_pass_and_the_rest_goes_on():
+    """SGLang's loop `continue`s past some requests without asking the adder (a LoRA adapter it cannot load,
+    another pooling mode, a storage prefetch in progress): the request it reaches next is proposed as it is,
+    the passed-over pick is skipped for the pass (not re-offered in front of every later slot), and it is
+    Feather's first pick again in the next pass."""
+    allocator = make_allocator()
+    cache = make_cache(allocator)
+    policy = feather_policy(
+        cache, FeatherOptions(AdmissionConfig(chunk_size=16, defer_uncached_prefix=False, stopper="always"))
+    )
+    waiting = _groups_queue()
+    running = batch()
+    policy.calc_priority(waiting, running)
+    adder = policy.prefill_adder_class(PrefillAdder)(1, cache, allocator, running, 0.0, 1 << 20, None)
+    passed_over = waiting[0]
+    for req in waiting:
+        if req is passed_over:
+            continue
+        req.init_next_round_input(cache)
+        if (
+            adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+            is not AddReqResult.CONTINUE
+        ):
+            break
+    admitted = [r.rid for r in adder.can_run_list]
+    assert passed_over.rid == "g0-0" and passed_over.rid not in admitted
+    assert len(admitted) == 8, "every other request was admitted in the same pass"
+    assert admitted[0] == "g1-1", "the request the loop reached instead, as it is"
+    runtime = policy.feather
+    assert runtime.admission.is_skipped(passed_over.rid)
+    assert runtime.num_scans == 1, "one scan: the request admitted was not where Feather had put its pick"
+    on_step_end(scheduler_view(policy, [passed_over]), idle_plan(batch(adder.can_run_list)))
+    rest = [passed_over]
+    policy.calc_priority(rest, batch(adder.can_run_list))
+    assert not runtime.admission.is_skipped(passed_over.rid) and rest[0] is passed_over
