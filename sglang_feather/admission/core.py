@@ -31,10 +31,11 @@ logger = logging.getLogger(__name__)
 # then arrival; requests with nothing covered in arrival order), but once the oldest waiting request is due
 # (the aging guard) one due request per pass goes first. A candidate whose prefix shared with running requests
 # is still being computed (`deferral`) is skipped: suspended in the CHT for the rest of the pass, which goes on
-# with the next candidate; `end_pass()` puts it back. An aged request is never deferred. For any other
-# candidate the stopper sees an `Observation` (batch size, shared-prefix depth before/after, w, queue length,
-# wait) and says ADD or STOP; the engine `accept`s (the request's chunks enter the working set), `decline`s
-# (STOP ends the pass) or `withdraw`s (its own budget refused; nothing is learned). An engine that walks its
+# with the next candidate; `end_pass()` puts it back. A due request is deferred too (for that pass: the prefix
+# it would compute twice is cached by the next). For any other candidate the stopper sees an `Observation`
+# (batch size, shared-prefix depth before/after, w, queue length, wait) and says ADD or STOP; the engine
+# `accept`s (the request's chunks enter the working set), `decline`s (STOP ends the pass) or `withdraw`s (its
+# own budget refused; nothing is learned). An engine that walks its
 # own queue splits `propose` in two: `next_pick()` says which request to put where its loop reaches next,
 # `decide(pick, batch_size)` asks the stopper when it gets there, so the pick and the decision come from one
 # view of the cache. The decisions are rewarded by the decode throughput of the window their pass opened
@@ -219,15 +220,18 @@ class Admission(TreeViews):
 
     def next_pick(self, cached_tokens: Callable[[RequestId], int] | None = None) -> Pick | None:
         """The request `propose()` would offer next, without asking the stopper: a due request once the oldest
-        is due (one per pass), else the CHT's best not in flight (those are skipped for the pass). None when
+        is due (one per pass), else the CHT's best; requests in flight are skipped for the pass. None when
         nothing (not skipped) waits."""
         tree = self.tree
         oldest = tree.oldest()
         if oldest is None:
             return None
         if self._is_due(oldest):
-            return Pick(tree.candidate(self._due_request(oldest)), is_aged=True)
-        while True:  # a skipped request leaves only younger ones, none of them due either
+            due = tree.candidate(self._due_request(oldest))
+            if not self._in_flight.is_in_flight(tree, due, cached_tokens):
+                return Pick(due, is_aged=True)
+            self._skip(due.request_id)  # its prefix is being computed: it is due again next pass
+        while True:
             candidate = tree.best()
             if candidate is None:
                 return None
@@ -241,13 +245,9 @@ class Admission(TreeViews):
         """A pick of the waiting request the engine names (one its own loop reached), deferred or not (then
         `skip` it or end the pass)."""
         candidate = self.tree.candidate(request_id)
-        if self._is_due(request_id):
-            return Pick(candidate, is_aged=True)
-        return Pick(
-            candidate,
-            is_aged=False,
-            is_deferred=self._in_flight.is_in_flight(self.tree, candidate, cached_tokens),
-        )
+        if self._in_flight.is_in_flight(self.tree, candidate, cached_tokens):
+            return Pick(candidate, is_aged=False, is_deferred=True)
+        return Pick(candidate, is_aged=self._is_due(request_id))
 
     def decide(self, pick: Pick, batch_size: int) -> Proposal:
         """The stopper's verdict on `pick` joining a batch of `batch_size` (an aged pick is added, a deferred

@@ -19,7 +19,8 @@ guard follows changes in load within this many)."""
 # it has waited longer than the median of the last LEAD_WINDOW admitted requests: the ranking is overtaking it
 # (it shares nothing cached or running, or its group is smaller than the others), and arrival order would have
 # served it by now. The admission component serves at most one due request per scheduling pass before it
-# consults the ranking, and never defers it: the oldest request with nothing covered (the one the ranking
+# consults the ranking, and defers it only while running requests are still computing the prefix it shares
+# with them (a pass; it is due again in the next): the oldest request with nothing covered (the one the ranking
 # serves last) when it is due, else the oldest. The requests that share its prefix then rank first by coverage
 # and follow it, so a backlog of due requests does not turn the schedule into first come, first served: each
 # pass starts with at most one request in arrival order and fills the rest by the ranking. An engine may still
