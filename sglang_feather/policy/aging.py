@@ -70,9 +70,9 @@ class AgingGuard:
         self._due_s = due
 
     def served(self, wait_s: float) -> None:
-        """Any request was admitted after waiting `wait_s`."""
-        self._recent.append(wait_s)
+        """Any request was admitted after waiting `wait_s` (kept only for the overtaken rule)."""
         if self.when_overtaken:
+            self._recent.append(wait_s)
             self._update_due()
 
     def is_starved(self, wait_s: float) -> bool:

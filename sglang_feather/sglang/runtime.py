@@ -249,14 +249,18 @@ class FeatherRuntime:
             if not queue or queue[0] is not req:
                 return
             queue.pop(0)
-            queue.insert(bisect_left(queue, self.mirror.seq(req), key=self.mirror.seq), req)
+            queue.insert(self._sorted_slot(queue, req, 0), req)
+
+    def _sorted_slot(self, queue: list[Any], req: Any, lo: int) -> int:
+        """Where `req` belongs in `queue[lo:]` by the mirror's queue numbers (bisection)."""
+        return bisect_left(queue, self.mirror.seq(req), lo=lo, key=self.mirror.seq)
 
     def _position(self, queue: list[Any], req: Any, lo: int) -> int | None:
         """Where `req` is in `queue[lo:]`: by bisection on the mirror's queue numbers (the part of the queue
         Feather has not reordered is sorted by them), checked, with a scan when the order was disturbed."""
         if lo < len(queue) and queue[lo] is req:
             return lo
-        there = bisect_left(queue, self.mirror.seq(req), lo=lo, key=self.mirror.seq)
+        there = self._sorted_slot(queue, req, lo)
         if there < len(queue) and queue[there] is req:
             return there
         self.num_scans += 1
