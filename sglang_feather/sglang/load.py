@@ -24,8 +24,7 @@ def mark_matched(runtime: Any, waiting_queue: Sequence[Any]) -> bool:
     """Set `num_matched_prefix_tokens` of every waiting request from Feather's coverage; True when every one
     is tracked (the report is then exact to a chunk), False to let SGLang estimate."""
     try:
-        if runtime.events is not None:
-            runtime.events.drain()
+        runtime.drain_events()
         admission = runtime.admission
         for req in waiting_queue:
             if not admission.is_waiting(req.rid):

@@ -111,10 +111,10 @@ class FeatherRuntime:
         self._guarded(self._queued, req)
 
     def _queued(self, req: Any) -> None:
-        self._drain_events()
+        self.drain_events()
         self.mirror.queued(req)
 
-    def _drain_events(self) -> None:
+    def drain_events(self) -> None:
         """Bring the cache tier up to the cache's events so far (what was stored before what arrives next)."""
         if self.events is not None:
             self.events.drain()
@@ -140,7 +140,7 @@ class FeatherRuntime:
         self._pick = None
         self._fcfs_pass = False
         try:
-            self._drain_events()
+            self.drain_events()
             self._report_launched()
             self.admission.begin_pass()
             if self._needs_rebuild:
