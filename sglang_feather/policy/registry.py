@@ -11,6 +11,7 @@ from sglang_feather.policy.base import StoppingPolicy
 from sglang_feather.policy.qlearn import QLearnConfig, QLearnPolicy
 from sglang_feather.policy.static import StaticConfig, StaticPolicy
 from sglang_feather.policy.ucb import UCBConfig, UCBPolicy
+from sglang_feather.policy.ucb_adaptive import AdaptiveUCBConfig, AdaptiveUCBPolicy
 
 PolicyFactory = Callable[..., StoppingPolicy]
 """factory(seed, **options) -> a fresh policy."""
@@ -19,6 +20,7 @@ POLICIES: dict[str, PolicyFactory] = {
     "always": lambda seed: AlwaysPolicy(),
     "static": lambda seed, **options: StaticPolicy(StaticConfig(**options)),
     "ucb": lambda seed, **options: UCBPolicy(UCBConfig(**options)),
+    "ucb-adaptive": lambda seed, **options: AdaptiveUCBPolicy(AdaptiveUCBConfig(**options)),
     "qlearn": lambda seed, **options: QLearnPolicy(QLearnConfig(**options), seed=seed),
 }
 
@@ -26,6 +28,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "always": (),
     "static": tuple(f.name for f in fields(StaticConfig)),
     "ucb": tuple(f.name for f in fields(UCBConfig)),
+    "ucb-adaptive": tuple(f.name for f in fields(AdaptiveUCBConfig)),
     "qlearn": tuple(f.name for f in fields(QLearnConfig)),
 }
 

@@ -29,7 +29,7 @@ def decisions_after(policy, seed=5, episodes=200):
     ]
 
 
-@pytest.mark.parametrize("name", ["always", "static", "ucb", "qlearn"])
+@pytest.mark.parametrize("name", ["always", "static", "ucb", "qlearn", "ucb-adaptive"])
 def test_round_trip_restores_state_and_behaviour(tmp_path, name):
     policy = trained(name)
     path = tmp_path / "state.json"

@@ -11,11 +11,11 @@ from sglang_feather.policy import (
 
 
 def test_registry_names():
-    assert policy_names() == ["always", "qlearn", "static", "ucb"]
+    assert policy_names() == ["always", "qlearn", "static", "ucb", "ucb-adaptive"]
     assert set(POLICIES) == set(policy_names())
 
 
-@pytest.mark.parametrize("name", ["always", "static", "ucb", "qlearn"])
+@pytest.mark.parametrize("name", ["always", "static", "ucb", "qlearn", "ucb-adaptive"])
 def test_every_policy_follows_the_protocol(name):
     policy = make_policy(name, seed=3)
     assert isinstance(policy, StoppingPolicy)
@@ -27,7 +27,7 @@ def test_every_policy_follows_the_protocol(name):
 
 
 def test_unknown_name_lists_valid_names():
-    with pytest.raises(ValueError, match=r"'lpm'.*always, qlearn, static, ucb"):
+    with pytest.raises(ValueError, match=r"'lpm'.*always, qlearn, static, ucb, ucb-adaptive"):
         make_policy("lpm")
 
 
