@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+import enum
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -31,6 +32,15 @@ DEFAULT_STOPPER = "ucb"
 """The learning bandit: it converges to the optimal stop rule on the synthetic benchmarks (docs/policy.md)."""
 
 
+class StopScope(enum.Enum):
+    """What a stopper's STOP holds back (docs/policy.md, "When the stopper is consulted")."""
+
+    PASS = "pass"
+    """The rest of the scheduling pass: nothing more is admitted until the next pass."""
+    NEW_GROUPS = "new-groups"
+    """Candidates that add a prefix group, for the rest of the pass; requests of running groups still join."""
+
+
 @dataclass(frozen=True)
 class AdmissionConfig:
     """Feather's options, declared once: SGLang's and the simulator's `--feather-*` flags and vLLM's
@@ -57,6 +67,14 @@ class AdmissionConfig:
         help="Keyword options of the stopping policy, a JSON object, e.g. '{\"max_chunk_loss\": 3}' for static",
         parse=parse_json_object,
         check=object_of_names,
+    )
+    stop_scope: str = option(
+        StopScope.PASS.value,
+        metavar="SCOPE",
+        help="What the stopper's STOP holds back: the rest of the pass, or only candidates that add a prefix "
+        "group (requests of running groups still join)",
+        parse=str,
+        choices=lambda: [scope.value for scope in StopScope],
     )
     max_wait_s: float | None = option(
         DEFAULT_MAX_WAIT_S,

@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import logging
 import time
-from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
-import numpy as np
-
-from sglang_feather.admission.config import AdmissionConfig
+from sglang_feather.admission.config import AdmissionConfig, StopScope
+from sglang_feather.admission.costs import Headroom, RunningFootprint, observe
 from sglang_feather.admission.deferral import InFlightCheck
+from sglang_feather.admission.lifecycle import Lifecycle
 from sglang_feather.admission.results import AdmissionPlan, AdmissionStats, Pick, Proposal, StopReason
-from sglang_feather.admission.rewards import RewardWindow
+from sglang_feather.admission.rewards import LearningHooks, RewardWindow
 from sglang_feather.admission.views import TreeViews
-from sglang_feather.cht import ChunkedHashTree, RequestState
+from sglang_feather.cht import ChunkedHashTree
 from sglang_feather.policy import AgingGuard, make_policy
-from sglang_feather.policy.base import Decision, DecisionRecord, Observation, StoppingPolicy
+from sglang_feather.policy.base import Decision, DecisionRecord, StoppingPolicy
 from sglang_feather.policy.context import is_forced
-from sglang_feather.policy.persist import load_state, save_state
-from sglang_feather.types import ChunkHash, RequestId
+from sglang_feather.policy.persist import load_state
+from sglang_feather.types import RequestId
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +32,13 @@ logger = logging.getLogger(__name__)
 # is still being computed (`deferral`) is skipped: suspended in the CHT for the rest of the pass, which goes on
 # with the next candidate; `end_pass()` puts it back. A due request is deferred too (for that pass: the prefix
 # it would compute twice is cached by the next). For any other candidate the stopper sees an `Observation`
-# (batch size, shared-prefix depth before/after, w, queue length, wait) and says ADD or STOP; the engine
-# `accept`s (the request's chunks enter the working set), `decline`s (STOP ends the pass) or `withdraw`s (its
-# own budget refused; nothing is learned). An engine that walks its
+# (batch size, shared-prefix depth before/after, w, queue length, wait, and what it costs the running batch:
+# whether it adds a prefix group, the groups and chunks running, its new and missing chunks, its group's
+# waiting requests, the engine's KV headroom; `costs`) and says ADD or STOP; the engine `accept`s (the
+# request's chunks enter the working set), `decline`s or `withdraw`s (its own budget refused; nothing is
+# learned). A STOP ends the pass, or, with the `new-groups` stop scope, only closes the pass to candidates
+# that add a prefix group: they are skipped for the rest of it while requests of running groups still join.
+# An engine that walks its
 # own queue splits `propose` in two: `next_pick()` says which request to put where its loop reaches next,
 # `decide(pick, batch_size)` asks the stopper when it gets there, so the pick and the decision come from one
 # view of the cache. The decisions are rewarded by the decode throughput of the window their pass opened
@@ -43,7 +46,7 @@ logger = logging.getLogger(__name__)
 # engine's queues.
 
 
-class Admission(TreeViews):
+class Admission(Lifecycle, TreeViews, LearningHooks):
     """The CHT, a stopper and the aging guard behind one event API shared by every engine adapter."""
 
     def __init__(
@@ -57,6 +60,7 @@ class Admission(TreeViews):
         page_size: int = 1,
         state_tag: Mapping[str, str] | None = None,
         cache_events: bool = False,
+        stop_scope: StopScope = StopScope.PASS,
     ):
         self.tree = tree
         self.stopper = stopper
@@ -74,6 +78,10 @@ class Admission(TreeViews):
         self._window = RewardWindow(stopper, self.stats, clock)
         self._decided_this_pass = False
         self._aged_this_pass = False
+        self.footprint = RunningFootprint()
+        self.stop_scope = stop_scope
+        self._groups_closed = False
+        """A STOP under the new-groups scope closed this pass to candidates that add a prefix group."""
         if state_path is not None:
             load_state(stopper, state_path, tag=self.state_tag)
 
@@ -89,109 +97,8 @@ class Admission(TreeViews):
             page_size=config.page_size,
             state_tag=config.state_tag,
             cache_events=config.cache_events,
+            stop_scope=StopScope(config.stop_scope),
         )
-
-    # ----------------------------------------------------------------- request lifecycle
-
-    def enqueue(
-        self,
-        request_id: RequestId,
-        token_ids: Sequence[int] | array | np.ndarray | None = None,
-        *,
-        hashes: Sequence[ChunkHash] | None = None,
-        namespace: str | None = None,
-        arrival: float | None = None,
-    ) -> int:
-        """A request starts waiting (give token ids, or the engine's own cumulative hashes); returns chunks.
-
-        `arrival` (on this admission's clock) defaults to now; pass the original time when re-enqueueing."""
-        return self._insert(
-            request_id, token_ids, hashes, namespace, self.clock() if arrival is None else arrival
-        )
-
-    def requeue(
-        self,
-        request_id: RequestId,
-        token_ids: Sequence[int] | array | np.ndarray | None = None,
-        *,
-        hashes: Sequence[ChunkHash] | None = None,
-        namespace: str | None = None,
-    ) -> int:
-        """A known request waits again with a new prompt (it grew); it keeps its original arrival time."""
-        arrival = self._arrivals.get(request_id, self.clock())
-        self.tree.discard(request_id)
-        self._arrivals.pop(request_id, None)
-        return self._insert(request_id, token_ids, hashes, namespace, arrival)
-
-    def _insert(self, request_id, token_ids, hashes, namespace, arrival: float) -> int:
-        if (token_ids is None) == (hashes is None):
-            raise ValueError("give exactly one of token_ids and hashes")
-        if hashes is None:
-            num_chunks = self.tree.insert(request_id, token_ids, namespace=namespace, arrival=arrival)
-        else:
-            num_chunks = self.tree.insert_hashes(request_id, hashes, arrival=arrival)
-        self._arrivals[request_id] = arrival
-        return num_chunks
-
-    def activate(self, request_id: RequestId) -> None:
-        """The engine put a waiting request into the batch without a proposal (e.g. found it running while
-        reconciling); no decision is recorded."""
-        self.tree.activate(request_id)
-
-    def retract(self, request_id: RequestId) -> None:
-        """A running request is pushed back to waiting (KV exhausted, preemption)."""
-        self.tree.deactivate(request_id)
-
-    def finish(self, request_id: RequestId) -> None:
-        """A running request completed."""
-        self.tree.finish(request_id)
-        del self._arrivals[request_id]
-
-    def abort(self, request_id: RequestId) -> bool:
-        """A request left in whatever state it was (finished, aborted); False if Feather did not know it."""
-        self._arrivals.pop(request_id, None)
-        return self.tree.discard(request_id)
-
-    def leave(self, request_id: RequestId) -> bool:
-        """A request is gone for good, whatever its state: a running one finished (its chunks leave the working
-        set), a waiting one was aborted; False if Feather did not know it."""
-        if self.tree.state(request_id) is RequestState.ACTIVE:
-            self.finish(request_id)
-            return True
-        return self.abort(request_id)
-
-    def forget_all(self) -> None:
-        """Drop every request (the stopper keeps what it learned, the cache tier what the engine's cache
-        holds); for an adapter that rebuilds its view. A tree that refuses to let its requests go is replaced
-        by an empty one (the cache tier then relearns from the next events)."""
-        tree = self.tree
-        try:
-            for rid in [*tree.waiting_ids(), *tree.active_ids()]:
-                tree.discard(rid)
-        except Exception:
-            logger.exception("Feather could not empty its tree; starting a new one without the cache tier")
-            self.tree = ChunkedHashTree(tree.chunk_size)
-        self._arrivals.clear()
-        self._skipped.clear()
-        self._in_flight.reset()
-
-    # ----------------------------------------------------------------- the engine's cache
-
-    def cache_stored(self, hashes: Sequence[ChunkHash], parent: ChunkHash | None = None) -> int:
-        """The engine's cache now holds the chunk chain `hashes` below the prefix `parent` (None: from the
-        start); returns the chunks newly cached. See `ChunkedHashTree.cache_store`."""
-        self.stats.num_cache_events += 1
-        return self.tree.cache_store(hashes, parent)
-
-    def cache_removed(self, hashes: Sequence[ChunkHash]) -> int:
-        """The engine evicted these prefixes (and what extends them); returns the chunks uncached."""
-        self.stats.num_cache_events += 1
-        return self.tree.cache_remove(hashes)
-
-    def cache_cleared(self) -> None:
-        """The engine's cache was emptied."""
-        self.stats.num_cache_events += 1
-        self.tree.cache_clear()
 
     # ----------------------------------------------------------------- one scheduling pass
 
@@ -202,21 +109,27 @@ class Admission(TreeViews):
         self._in_flight.reset()
         self._decided_this_pass = False
         self._aged_this_pass = False
+        self._groups_closed = False
 
     def end_pass(self) -> None:
         """The pass is over: requests skipped in it compete again."""
         self._resume_skipped()
         self._in_flight.reset()
         self._aged_this_pass = False
+        self._groups_closed = False
 
     def propose(
-        self, batch_size: int, cached_tokens: Callable[[RequestId], int] | None = None
+        self,
+        batch_size: int,
+        cached_tokens: Callable[[RequestId], int] | None = None,
+        headroom: Headroom | None = None,
     ) -> Proposal | None:
         """The next request to admit and the stopper's verdict; None when nothing (not skipped) waits.
         `cached_tokens(rid)` is the prompt prefix the engine's cache holds for a request (not needed with cache
-        events; without either, only this pass's own admissions count as in flight)."""
+        events; without either, only this pass's own admissions count as in flight); `headroom()` the
+        engine's KV room now (see `decide`)."""
         pick = self.next_pick(cached_tokens)
-        return None if pick is None else self.decide(pick, batch_size)
+        return None if pick is None else self.decide(pick, batch_size, headroom)
 
     def next_pick(self, cached_tokens: Callable[[RequestId], int] | None = None) -> Pick | None:
         """The request `propose()` would offer next, without asking the stopper: a due request once the oldest
@@ -235,6 +148,11 @@ class Admission(TreeViews):
             candidate = tree.best()
             if candidate is None:
                 return None
+            if self._groups_closed and candidate.depth_running == 0:
+                if candidate.depth_cached == 0:
+                    return None  # nothing covered: every request left is a stranger, a new group too
+                self._hold_back(candidate.request_id)
+                continue
             if not self._in_flight.is_in_flight(tree, candidate, cached_tokens):
                 return Pick(candidate, is_aged=False)
             self._skip(candidate.request_id)
@@ -249,26 +167,22 @@ class Admission(TreeViews):
             return Pick(candidate, is_aged=False, is_deferred=True)
         return Pick(candidate, is_aged=self._is_due(request_id))
 
-    def decide(self, pick: Pick, batch_size: int) -> Proposal:
+    def decide(self, pick: Pick, batch_size: int, headroom: Headroom | None = None) -> Proposal:
         """The stopper's verdict on `pick` joining a batch of `batch_size` (an aged pick is added, a deferred
-        one stopped, without asking it)."""
+        one, or one that adds a group to a pass a STOP closed to new groups, stopped, without asking it).
+        `headroom()` is the engine's KV room now (`KvHeadroom`; None or absent: unknown)."""
         candidate = pick.candidate
-        observation = Observation(
-            batch_size=batch_size,
-            depth_before=candidate.depth_before,
-            depth_after=candidate.depth_after,
-            num_sharing=candidate.num_sharing,
-            num_waiting=self.tree.num_waiting,
-            wait_s=self.wait_s(candidate.request_id),
-        )
+        observation = observe(self.tree, self.footprint, candidate, batch_size, self.wait_s, headroom)
         if pick.is_aged:
             return Proposal(candidate, observation, Decision.ADD, is_aged=True)
-        if pick.is_deferred:
+        if pick.is_deferred or (self._groups_closed and observation.adds_group):
             return Proposal(candidate, observation, Decision.STOP, is_aged=False, is_deferred=True)
         if not self._decided_this_pass:
             self._decided_this_pass = True
             self._window.roll()
-        self.stats.num_consults += not is_forced(observation)
+        if not is_forced(observation):
+            self.stats.num_consults += 1
+            self.stats.num_group_consults += observation.adds_group
         return Proposal(candidate, observation, self.stopper.decide(observation), is_aged=False)
 
     def _is_due(self, request_id: RequestId) -> bool:
@@ -288,9 +202,17 @@ class Admission(TreeViews):
         self._skip(proposal.request_id)
 
     def _skip(self, request_id: RequestId) -> None:
+        self._suspend(request_id)
+        self.stats.num_deferred += 1
+
+    def _hold_back(self, request_id: RequestId) -> None:
+        """Skip a candidate that adds a prefix group to a pass a STOP closed to new groups."""
+        self._suspend(request_id)
+        self.stats.num_held_back += 1
+
+    def _suspend(self, request_id: RequestId) -> None:
         self.tree.suspend(request_id)
         self._skipped.append(request_id)
-        self.stats.num_deferred += 1
 
     def _resume_skipped(self) -> None:
         """Every request skipped in this pass competes again (only the admission suspends requests)."""
@@ -300,7 +222,7 @@ class Admission(TreeViews):
 
     def accept(self, proposal: Proposal) -> None:
         """The engine admitted the proposed request."""
-        self.tree.activate(proposal.request_id)
+        self._activate(proposal.request_id)
         self._in_flight.admitted(proposal.request_id)
         self.stats.num_admitted += 1
         self.stats.sum_delta += proposal.candidate.delta
@@ -313,10 +235,17 @@ class Admission(TreeViews):
             self._window.record(DecisionRecord(proposal.observation, Decision.ADD))
         self.guard.served(wait_s)
 
-    def decline(self, proposal: Proposal) -> None:
-        """The stopper's STOP ends this pass; its decisions await the window's reward."""
+    def decline(self, proposal: Proposal) -> bool:
+        """The stopper said STOP; its decisions await the window's reward. Returns whether the pass goes on:
+        under the new-groups stop scope a STOP on a candidate that adds a prefix group skips it and closes the
+        rest of the pass to such candidates (True); otherwise the STOP ends the pass (False)."""
         self.stats.num_stops += 1
         self._window.record(DecisionRecord(proposal.observation, Decision.STOP))
+        if self.stop_scope is StopScope.NEW_GROUPS and proposal.observation.adds_group:
+            self._groups_closed = True
+            self._suspend(proposal.request_id)
+            return True
+        return False
 
     def withdraw(self, proposal: Proposal) -> None:
         """The engine's own budget refused a request the stopper would have added: nothing is learned."""
@@ -328,57 +257,36 @@ class Admission(TreeViews):
         max_requests: int | None = None,
         fits: Callable[[RequestId], bool] | None = None,
         cached_tokens: Callable[[RequestId], int] | None = None,
+        headroom: Headroom | None = None,
     ) -> AdmissionPlan:
         """A whole pass: admit requests until the stopper, the engine's `fits` check or `max_requests` says no
-        (`cached_tokens` as for `propose`)."""
+        (`cached_tokens` and `headroom` as for `propose`)."""
         self.begin_pass()
         try:
-            return self._select(batch_size, max_requests, fits, cached_tokens)
+            return self._select(batch_size, max_requests, fits, cached_tokens, headroom)
         finally:
             self.end_pass()
 
-    def _select(self, batch_size, max_requests, fits, cached_tokens) -> AdmissionPlan:
+    def _select(self, batch_size, max_requests, fits, cached_tokens, headroom) -> AdmissionPlan:
         admitted: list[RequestId] = []
         while True:
             if max_requests is not None and len(admitted) >= max_requests:
                 return AdmissionPlan(tuple(admitted), StopReason.LIMIT)
-            proposal = self.propose(batch_size + len(admitted), cached_tokens=cached_tokens)
+            proposal = self.propose(batch_size + len(admitted), cached_tokens, headroom)
             if proposal is None:
                 return AdmissionPlan(tuple(admitted), StopReason.EMPTY)
+            if proposal.is_deferred:  # a new group in a pass a STOP closed to them: nothing more to offer
+                self.skip(proposal)
+                continue
             if proposal.decision is Decision.STOP:
-                self.decline(proposal)
+                if self.decline(proposal):
+                    continue
                 return AdmissionPlan(tuple(admitted), StopReason.STOPPER)
             if fits is not None and not fits(proposal.request_id):
                 self.withdraw(proposal)
                 return AdmissionPlan(tuple(admitted), StopReason.BUDGET)
             self.accept(proposal)
             admitted.append(proposal.request_id)
-
-    # ----------------------------------------------------------------- learning
-
-    def on_decode_step(self, num_tokens: int) -> None:
-        """A decode-only step finished: it produced `num_tokens` tokens in the time since the previous step
-        report (or since the window opened). Report each forward step when it is done."""
-        self._window.decode_step(num_tokens)
-
-    def on_prefill_step(self) -> None:
-        """A step that computed prompt tokens (a prefill, a chunk of one, or a step mixing prefill and decode)
-        finished: neither its time nor its tokens count towards the reward window."""
-        self._window.prefill_step()
-
-    def on_batch_drained(self) -> None:
-        """Nothing runs any more: reward the open window and open none until the next decision."""
-        self._window.drained()
-
-    def end_window(self, num_tokens: int, elapsed_s: float) -> float | None:
-        """Reward every decision made since the last window with `num_tokens / elapsed_s` (normalised); a
-        window without decisions still updates the normalisation. None for an empty window."""
-        return self._window.end(num_tokens, elapsed_s)
-
-    def save_state(self) -> None:
-        """Persist the learned stopper (atomic); a no-op without a state path."""
-        if self._state_path is not None:
-            save_state(self.stopper, self._state_path, tag=self.state_tag)
 
     # ----------------------------------------------------------------- bookkeeping views
 

@@ -68,12 +68,19 @@ class AdmissionStats:
     num_admitted: int = 0
     num_aged: int = 0
     num_consults: int = 0
-    """Candidates on which the stopper had a choice: not aged, not deferred, and not forced by its own rule
-    (an empty batch, or Δ = 0: nothing shared is at stake; `policy.context.is_forced`)."""
+    """Candidates on which the stopper had a choice: not aged, not deferred, and not forced (an empty batch, or
+    a candidate whose prefix group runs and that cuts no shared prefix; `policy.context.is_forced`)."""
+    num_group_consults: int = 0
+    """The consults on candidates that add a prefix group to the running batch."""
     num_stops: int = 0
+    num_held_back: int = 0
+    """Candidates that add a prefix group skipped, without asking the stopper, after a STOP closed the pass to
+    new groups (stop scope `new-groups`)."""
     num_withdrawn: int = 0
     num_deferred: int = 0
     num_cache_events: int = 0
     num_windows: int = 0
     sum_delta: int = 0
     last_reward: float | None = None
+    sum_reward: float = 0.0
+    """Of the normalised rewards of every window (`num_windows`): their mean is this over `num_windows`."""

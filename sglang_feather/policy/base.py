@@ -19,11 +19,14 @@ class Decision(enum.Enum):
 
 @dataclass(frozen=True)
 class Observation:
-    """What a stopper sees about the next candidate, all prefix depths in chunks.
+    """What a stopper sees about the next candidate, all prefix depths and KV sizes in chunks.
 
     `depth_before` is the shared-prefix depth of the batch as it is (the chunks every running request holds);
     `depth_after` is that depth once the candidate joins. An empty batch has nothing to lose:
-    `depth_before == depth_after == ` the candidate's own chunk count. Invalid numbers raise ValueError.
+    `depth_before == depth_after == ` the candidate's own chunk count. The fields after `wait_s` describe
+    what admitting the candidate costs under continuous batching (docs/policy.md, "When the stopper is
+    consulted"); their defaults describe a candidate whose prefix group already runs, with nothing else
+    known. Invalid numbers raise ValueError.
     """
 
     batch_size: int
@@ -36,9 +39,40 @@ class Observation:
     """Waiting requests, candidate included."""
     wait_s: float
     """How long the candidate has waited, in seconds."""
+    adds_group: bool = False
+    """The candidate's prefix group (its first chunk) is not in the running batch: admitting it adds a
+    prefix that every decode step reads on its behalf alone until more of its group join."""
+    num_groups_running: int = 0
+    """Distinct prefix groups (first chunks) among the running requests and this pass's admissions."""
+    num_running_chunks: int = 0
+    """Distinct chunks the running requests hold: the KV one decode step reads with perfect sharing."""
+    num_new_chunks: int = 0
+    """Chunks of the candidate that no running request holds: what it adds to that per-step read."""
+    num_missing: int = 0
+    """Chunks neither a running request nor the engine's cache holds: the KV its prefill computes and
+    allocates (taking room from cached prefixes when the pool is full)."""
+    num_group_waiting: int = 0
+    """Other waiting requests of the candidate's prefix group (its first chunk): who would share the
+    prefix it brings."""
+    oldest_wait_s: float = 0.0
+    """How long the oldest waiting request has waited, in seconds."""
+    kv_free_fraction: float | None = None
+    """Share of the engine's KV pool it can still give to new requests (free plus evictable, less what
+    running requests are promised), in [0, 1]; None where the engine did not say."""
 
     def __post_init__(self) -> None:
-        counts = ("batch_size", "depth_before", "depth_after", "num_sharing", "num_waiting")
+        counts = (
+            "batch_size",
+            "depth_before",
+            "depth_after",
+            "num_sharing",
+            "num_waiting",
+            "num_groups_running",
+            "num_running_chunks",
+            "num_new_chunks",
+            "num_missing",
+            "num_group_waiting",
+        )
         bad = [f"{name}={getattr(self, name)!r}" for name in counts if getattr(self, name) < 0]
         if bad:
             raise ValueError(f"Observation counts must be >= 0, got {', '.join(bad)}")
@@ -47,8 +81,13 @@ class Observation:
                 f"Observation depth_after={self.depth_after} exceeds depth_before={self.depth_before}: "
                 "adding a request can only keep or shorten the shared prefix"
             )
-        if not (math.isfinite(self.wait_s) and self.wait_s >= 0):
-            raise ValueError(f"Observation wait_s must be finite and >= 0, got {self.wait_s!r}")
+        for name in ("wait_s", "oldest_wait_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"Observation {name} must be finite and >= 0, got {value!r}")
+        room = self.kv_free_fraction
+        if room is not None and not (math.isfinite(room) and 0 <= room <= 1):
+            raise ValueError(f"Observation kv_free_fraction must be in [0, 1] or None, got {room!r}")
 
     @property
     def delta(self) -> int:

@@ -6,14 +6,14 @@ import math
 from typing import Any
 
 from sglang_feather.policy.base import Decision
-from sglang_feather.policy.context import Context, parse_context
+from sglang_feather.policy.context import AUTHORS_FIELDS, NUM_FIELDS, Context, parse_context
 
 ARMS = (Decision.ADD, Decision.STOP)
 ARM_INDEX = {Decision.ADD: 0, Decision.STOP: 1}
 
 
 def dump_table(table: dict[Context, list[float]]) -> list[list[Any]]:
-    """[[batch_bucket, delta, sharing_bucket, value_add, value_stop], ...] sorted by context."""
+    """[[*context (seven buckets), value_add, value_stop], ...] sorted by context."""
     return [[*ctx, *values] for ctx, values in sorted(table.items())]
 
 
@@ -23,10 +23,10 @@ def load_table(rows: object, *, integral: bool) -> dict[Context, list[float]]:
         raise ValueError(f"a table must be a list of rows, got {type(rows).__name__}")
     table: dict[Context, list[float]] = {}
     for row in rows:
-        if not (isinstance(row, list) and len(row) == 5):
-            raise ValueError(f"a table row must be [b, delta, w, add, stop], got {row!r}")
-        ctx = parse_context(row[:3])
-        values = row[3:]
+        if not (isinstance(row, list) and len(row) in (AUTHORS_FIELDS + 2, NUM_FIELDS + 2)):
+            raise ValueError(f"a table row must be [*context (3 or 7 ints), add, stop], got {row!r}")
+        ctx = parse_context(row[:-2])
+        values = row[-2:]
         for v in values:
             ok = type(v) is int and v >= 0 if integral else isinstance(v, int | float) and math.isfinite(v)
             if not ok:

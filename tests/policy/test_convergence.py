@@ -43,7 +43,8 @@ def test_learners_converge_to_the_optimal_rule_with_sublinear_regret(name, env_n
     assert greedy_regret < 0.01
     contexts = visited_contexts(policy)
     assert len(contexts) >= 10
-    for batch_bucket, delta, sharing_bucket in contexts:
+    for batch_bucket, delta, sharing_bucket, *new_group_buckets in contexts:
+        assert new_group_buckets == [0, 0, 0, 0]  # the synthetic candidates never add a prefix group
         obs = Observation(4 * batch_bucket, 40, 40 - delta, 4 * sharing_bucket, 1, 0.0)
         assert policy.greedy(obs) is env.optimal(obs), (batch_bucket, delta, sharing_bucket)
 

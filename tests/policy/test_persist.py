@@ -9,6 +9,7 @@ import pytest
 
 import sglang_feather.policy.persist as persist
 from sglang_feather.policy import load_policy, make_policy, save_policy
+from sglang_feather.policy.context import Context
 from sglang_feather.policy.persist import FORMAT, VERSION, load_state
 from sglang_feather.policy.synthetic import GroupedWorkload, draw_episode, play, train
 
@@ -82,7 +83,20 @@ def test_a_valid_hand_written_file_loads(tmp_path):
     policy = make_policy("ucb")
     assert load_state(policy, path)
     assert policy.normalizer.peak == 900.0
-    assert policy.counts == {(2, 3, 0): [4, 1]}
+    assert policy.counts == {Context(2, 3, 0): [4, 1]}  # a saved authors' context loads as the same context
+
+
+def test_a_file_with_new_group_contexts_loads(tmp_path):
+    path = tmp_path / "s.json"
+    state = {
+        "normalizer": {"peak": 900.0, "num_windows": 3},
+        "counts": [[10, 0, 0, 5, 2, 1, 3, 4, 1]],
+        "sums": [[10, 0, 0, 5, 2, 1, 3, 2.0, 0.1]],
+    }
+    write_document(path, state=state)
+    policy = make_policy("ucb")
+    assert load_state(policy, path)
+    assert policy.counts == {Context(10, 0, 0, 5, 2, 1, 3): [4, 1]}
 
 
 BAD_FILES = {

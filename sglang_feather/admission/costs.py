@@ -1,0 +1,143 @@
+"""What admitting a candidate costs the running batch: its prefix groups, its chunks, the engine's KV room."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sglang_feather.cht import Candidate, ChunkedHashTree
+from sglang_feather.policy.base import Observation
+from sglang_feather.types import ChunkHash, RequestId
+
+# How it works.
+#
+# A prefix group is the first chunk of a prompt. `RunningFootprint` keeps, from the admission's lifecycle
+# events and in O(log n) tree queries per event, how many requests of each group run and wait, and how many
+# distinct chunks the running requests hold (the working set: what one decode step reads when every shared
+# prefix is read once). A request joining the batch adds the chunks below its deepest prefix some running
+# request holds; a request leaving it removes the chunks below the deepest prefix another running request
+# still holds (both found by bisection on the tree's `num_holding`, which never grows with depth). `observe`
+# turns a candidate and these counts into the stopper's `Observation`. The engine reports its KV room as
+# `KvHeadroom` (what it can still give to new requests, over the pool's size), whatever its allocator.
+
+
+@dataclass(frozen=True)
+class KvHeadroom:
+    """The engine's KV room: tokens it can still give to new requests (free plus evictable, less what running
+    requests are promised) and the pool's size in tokens."""
+
+    num_free_tokens: int
+    num_total_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.num_total_tokens <= 0:
+            raise ValueError(f"KvHeadroom num_total_tokens must be > 0, got {self.num_total_tokens!r}")
+
+    @property
+    def free_fraction(self) -> float:
+        """The free share of the pool, clamped to [0, 1] (an engine's estimate may overshoot either way)."""
+        return min(1.0, max(0.0, self.num_free_tokens / self.num_total_tokens))
+
+
+Headroom = Callable[[], KvHeadroom | None]
+"""Asked once per stopper decision (the room shrinks as a pass admits); None when the engine cannot say."""
+
+
+def running_depth(tree: ChunkedHashTree, request_id: RequestId, min_holders: int) -> int:
+    """The deepest prefix of the request that at least `min_holders` running requests hold (0: none)."""
+    lo, hi = 0, tree.num_chunks(request_id)
+    if tree.num_holding(request_id, 0) < min_holders:
+        return 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if tree.num_holding(request_id, mid) >= min_holders:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class RunningFootprint:
+    """Prefix groups running and waiting, and the running requests' distinct chunks (see "how it works")."""
+
+    def __init__(self) -> None:
+        self.running: Counter[ChunkHash] = Counter()
+        self.waiting: Counter[ChunkHash] = Counter()
+        self.num_running_chunks = 0
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.running)
+
+    def reset(self) -> None:
+        self.running.clear()
+        self.waiting.clear()
+        self.num_running_chunks = 0
+
+    def waits(self, tree: ChunkedHashTree, request_id: RequestId) -> None:
+        """The request started waiting (call after the tree knows it)."""
+        self.waiting[tree.prefix_hash(request_id)] += 1
+
+    def stops_waiting(self, tree: ChunkedHashTree, request_id: RequestId) -> None:
+        """A waiting request leaves the queue without running (call while the tree still holds it)."""
+        _decrement(self.waiting, tree.prefix_hash(request_id))
+
+    def joining(self, tree: ChunkedHashTree, request_id: RequestId) -> tuple[ChunkHash, int]:
+        """A waiting request is about to run (ask before the tree activates it): its group and the chunks it
+        adds to the working set. `joined` applies them once the tree took the change."""
+        added = tree.num_chunks(request_id) - running_depth(tree, request_id, 1)
+        return tree.prefix_hash(request_id), added
+
+    def joined(self, group: ChunkHash, num_chunks: int) -> None:
+        _decrement(self.waiting, group)
+        self.running[group] += 1
+        self.num_running_chunks += num_chunks
+
+    def leaving(self, tree: ChunkedHashTree, request_id: RequestId) -> tuple[ChunkHash, int]:
+        """A running request is about to stop running (ask before the tree finishes or deactivates it): its
+        group and the chunks no other running request holds. `left` applies them."""
+        removed = tree.num_chunks(request_id) - running_depth(tree, request_id, 2)
+        return tree.prefix_hash(request_id), removed
+
+    def left(self, group: ChunkHash, num_chunks: int) -> None:
+        _decrement(self.running, group)
+        self.num_running_chunks -= num_chunks
+
+
+def _decrement(counter: Counter[ChunkHash], key: ChunkHash) -> None:
+    counter[key] -= 1
+    if counter[key] <= 0:
+        del counter[key]
+
+
+def observe(
+    tree: ChunkedHashTree,
+    footprint: RunningFootprint,
+    candidate: Candidate,
+    batch_size: int,
+    wait_s: Callable[[RequestId], float],
+    headroom: Headroom | None,
+) -> Observation:
+    """The stopper's view of `candidate` joining a batch of `batch_size` requests."""
+    request_id = candidate.request_id
+    oldest = tree.oldest()
+    room = headroom() if headroom is not None else None
+    free = room.free_fraction if room is not None else None
+    return Observation(
+        batch_size=batch_size,
+        depth_before=candidate.depth_before,
+        depth_after=candidate.depth_after,
+        num_sharing=candidate.num_sharing,
+        num_waiting=tree.num_waiting,
+        wait_s=wait_s(request_id),
+        adds_group=candidate.depth_running == 0,
+        num_groups_running=footprint.num_groups,
+        num_running_chunks=footprint.num_running_chunks,
+        num_new_chunks=candidate.num_chunks - candidate.depth_running,
+        num_missing=candidate.num_missing,
+        num_group_waiting=max(0, footprint.waiting[tree.prefix_hash(request_id)] - 1),
+        oldest_wait_s=max(0.0, wait_s(oldest)) if oldest is not None else 0.0,
+        kv_free_fraction=free if free is None or math.isfinite(free) else None,
+    )
