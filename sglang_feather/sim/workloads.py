@@ -169,6 +169,53 @@ def starvation(cfg: WorkloadConfig) -> list[SimRequest]:
     return sorted(hot + cold, key=lambda r: r.arrival_s)
 
 
+@dataclass(frozen=True)
+class Phase:
+    """One phase of `phase_shift`: a workload of this module and the spec fields it changes."""
+
+    label: str
+    workload: str
+    spec: dict[str, Any]
+
+
+PHASE_SHIFT = (
+    Phase("8 groups x 4K", "gsp", {"num_groups": 8, "prefix_len": 4096}),
+    Phase("unique prompts", "none", {}),
+    Phase("64 groups x 1K", "gsp", {"num_groups": 64, "prefix_len": 1024}),
+)
+"""Issue 22's example of a workload that shifts: 8 groups sharing 4K-token prefixes, then prompts that share
+nothing (prompt_len tokens each), then 64 groups sharing 1K-token prefixes."""
+
+
+def phase_shift(cfg: WorkloadConfig) -> list[SimRequest]:
+    """The phases of `PHASE_SHIFT` one after the other, num_requests each (the spec's question_len,
+    output_len, order and seed; uniform group sizes). Phase k's rids, groups and segment keys start with
+    `p{k}`, so no two phases share a token. With a rate, each phase's Poisson arrivals start where the
+    previous phase's ended; without one every request arrives at t = 0 in phase order (a client limit,
+    --max-concurrency, then sends them phase by phase)."""
+    out: list[SimRequest] = []
+    start = 0.0
+    for k, phase in enumerate(PHASE_SHIFT):
+        sub = cfg.with_spec(popularity="uniform", **phase.spec)
+        reqs = [_in_phase(r, k, start) for r in WORKLOADS[phase.workload](sub)]
+        start = max((r.arrival_s for r in reqs), default=start)
+        out += reqs
+    return out
+
+
+def _in_phase(r: SimRequest, k: int, start: float) -> SimRequest:
+    tag = f"p{k}"
+    return replace(
+        r,
+        rid=f"{tag}-{r.rid}",
+        arrival_s=start + r.arrival_s,
+        segments=tuple(replace(s, key=f"{tag}/{s.key}") for s in r.segments),
+        group=None if r.group is None else f"{tag}-{r.group}",
+        follows=None if r.follows is None else f"{tag}-{r.follows}",
+        output_key=None if r.output_key is None else f"{tag}/{r.output_key}",
+    )
+
+
 WORKLOADS: dict[str, Callable[[WorkloadConfig], list[SimRequest]]] = {
     "gsp": generated_shared_prefix,
     "paper": paper,
@@ -177,6 +224,7 @@ WORKLOADS: dict[str, Callable[[WorkloadConfig], list[SimRequest]]] = {
     "chat": multi_turn_chat,
     "none": no_sharing,
     "starvation": starvation,
+    "phase-shift": phase_shift,
 }
 
 
