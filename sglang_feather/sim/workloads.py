@@ -192,11 +192,15 @@ def phase_shift(cfg: WorkloadConfig) -> list[SimRequest]:
     output_len, order and seed; uniform group sizes). Phase k's rids, groups and segment keys start with
     `p{k}`, so no two phases share a token. With a rate, each phase's Poisson arrivals start where the
     previous phase's ended; without one every request arrives at t = 0 in phase order (a client limit,
-    --max-concurrency, then sends them phase by phase)."""
+    --max-concurrency, then sends them phase by phase). A phase has at most num_requests groups (a small
+    trace's phases keep one request per group)."""
     out: list[SimRequest] = []
     start = 0.0
     for k, phase in enumerate(PHASE_SHIFT):
-        sub = cfg.with_spec(popularity="uniform", **phase.spec)
+        spec = dict(phase.spec)
+        if "num_groups" in spec:
+            spec["num_groups"] = min(spec["num_groups"], cfg.spec.num_requests)
+        sub = cfg.with_spec(popularity="uniform", **spec)
         reqs = [_in_phase(r, k, start) for r in WORKLOADS[phase.workload](sub)]
         start = max((r.arrival_s for r in reqs), default=start)
         out += reqs
