@@ -2,6 +2,7 @@
 
 from sglang_feather.admission.config import DEFAULT_STOPPER, AdmissionConfig
 from sglang_feather.admission.core import Admission
+from sglang_feather.admission.costs import KvHeadroom
 from sglang_feather.admission.results import AdmissionPlan, AdmissionStats, Pick, Proposal, StopReason
 from sglang_feather.options import ConfigError
 
@@ -12,6 +13,7 @@ __all__ = [
     "AdmissionPlan",
     "AdmissionStats",
     "ConfigError",
+    "KvHeadroom",
     "Pick",
     "Proposal",
     "StopReason",

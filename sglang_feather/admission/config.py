@@ -69,7 +69,7 @@ class AdmissionConfig:
         check=object_of_names,
     )
     stop_scope: str = option(
-        StopScope.PASS.value,
+        StopScope.NEW_GROUPS.value,
         metavar="SCOPE",
         help="What the stopper's STOP holds back: the rest of the pass, or only candidates that add a prefix "
         "group (requests of running groups still join)",

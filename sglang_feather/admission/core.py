@@ -60,7 +60,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         page_size: int = 1,
         state_tag: Mapping[str, str] | None = None,
         cache_events: bool = False,
-        stop_scope: StopScope = StopScope.PASS,
+        stop_scope: StopScope = StopScope.NEW_GROUPS,
     ):
         self.tree = tree
         self.stopper = stopper
@@ -273,8 +273,9 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
             if max_requests is not None and len(admitted) >= max_requests:
                 return AdmissionPlan(tuple(admitted), StopReason.LIMIT)
             proposal = self.propose(batch_size + len(admitted), cached_tokens, headroom)
-            if proposal is None:
-                return AdmissionPlan(tuple(admitted), StopReason.EMPTY)
+            if proposal is None:  # after a STOP closed the pass to new groups, the stopper ended it
+                stop = StopReason.STOPPER if self._groups_closed else StopReason.EMPTY
+                return AdmissionPlan(tuple(admitted), stop)
             if proposal.is_deferred:  # a new group in a pass a STOP closed to them: nothing more to offer
                 self.skip(proposal)
                 continue

@@ -46,7 +46,8 @@ class Proposal:
 
 class StopReason(enum.Enum):
     STOPPER = "stopper"
-    """The stopping policy said stop."""
+    """The stopping policy said stop (with the new-groups stop scope: it closed the pass to new prefix groups,
+    and no request of a running group was left to admit)."""
     EMPTY = "empty"
     """No request is waiting."""
     LIMIT = "limit"

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sglang_feather.admission import KvHeadroom
 from sglang_feather.sim.prefix_cache import CacheFull, PrefixCache
 from sglang_feather.sim.requests import Phase, ReqState
 
@@ -116,6 +117,9 @@ class PassBudget:
     def num_running(self) -> int:
         """Requests in the batch: running, admitted in this pass, and a chunked prefill still in progress."""
         return len(self.engine.running) + len(self.admitted) + (self.carried is not None)
+
+    def kv_headroom(self) -> KvHeadroom:
+        return KvHeadroom(max(0, int(self.remaining_total)), self.engine.pool.capacity)
 
     def slots_left(self, engine: Engine) -> int:
         taken = len(engine.running) + len(self.admitted) + (engine.chunked is not None)

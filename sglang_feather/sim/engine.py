@@ -127,6 +127,8 @@ class Engine:
         self._arrivals: list[tuple[float, int, str]] = []
         self._followers: dict[str, list[ReqState]] = {}
         self._split: KVSplit | None = None
+        self._distinct_shared = 0
+        """Tokens per layer of the distinct shared nodes of the running batch (with `_split`)."""
         self._num_done = 0
         for i, s in enumerate(states):
             total = s.prompt_len + s.spec.output_len
@@ -208,14 +210,16 @@ class Engine:
         self._publish_completed()
         if budget is not None and budget.items:
             gpu, kind, size, groups, tokens = self._prefill(budget), StepKind.PREFILL, len(budget.items), 0, 0
+            bound = gpu
         elif self.running:
-            gpu, size, groups = self._decode(), len(self.running), len({s.group for s in self.running})
+            (gpu, bound), size = self._decode(), len(self.running)
+            groups = len({s.group for s in self.running})
             kind, tokens = StepKind.DECODE, size
         else:
             self.pending_cpu += cpu
             return False
         step = max(gpu, cpu) if self.config.overlap_schedule else gpu + cpu
-        self.log.steps.append(StepRecord(kind, self.now, gpu, cpu, size, groups, tokens, ran_policy))
+        self.log.steps.append(StepRecord(kind, self.now, gpu, cpu, size, groups, tokens, ran_policy, bound))
         self.now += step
         self._finish_step(kind)
         if not self.config.overlap_schedule:
@@ -262,17 +266,22 @@ class Engine:
         self.pool.cache.unlock(s.locked)
         s.locked = list(s.hashes[:k])
 
-    def _decode(self) -> float:
+    def _decode(self) -> tuple[float, float]:
+        """The decode step's GPU time, and its time with perfect sharing (each shared node read once)."""
         while not self.pool.fits(len(self.running)) and len(self.running) > 1:
             self._retract_one()
         self.pool.alloc_decode(self.running)
         if self._split is None:
-            self._split = self.cost.shared_split([s.cost_nodes() for s in self.running])
+            nodes = [s.cost_nodes() for s in self.running]
+            self._split = self.cost.shared_split(nodes)
+            self._distinct_shared = sum(dict(node for batch in nodes for node in batch).values())
         private = sum(s.private_kv_tokens() for s in self.running)
         kv = KVSplit(self._split.dram_tokens + private, self._split.l2_tokens)
+        once = KVSplit(self._distinct_shared + private, 0)
         for s in self.running:
             s.num_out += 1
-        return self.cost.decode_s(len(self.running), kv)
+        batch = len(self.running)
+        return self.cost.decode_s(batch, kv), self.cost.decode_s(batch, once)
 
     def _retract_one(self) -> None:
         order = sorted(self.running, key=lambda r: (r.num_out, -r.prompt_len), reverse=True)

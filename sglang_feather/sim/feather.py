@@ -63,7 +63,7 @@ class FeatherPolicy:
         self.admission.enqueue(rid, self._tokens[rid])
 
     def schedule(self, ctx: PassContext) -> None:
-        self.admission.select(ctx.num_running, fits=ctx.try_admit)
+        self.admission.select(ctx.num_running, fits=ctx.try_admit, headroom=ctx.kv_headroom)
 
     def on_admitted(self, rids: Sequence[str]) -> None:
         return None

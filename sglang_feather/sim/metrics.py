@@ -22,6 +22,9 @@ class StepRecord:
     num_groups: int
     num_tokens: int
     ran_policy: bool
+    bound_gpu_s: float
+    """The step's GPU time with perfect sharing: every shared prefix node of the batch read once from DRAM (as a
+    cascade kernel would), private KV as before; a prefill step's own time."""
 
 
 @dataclass(frozen=True)

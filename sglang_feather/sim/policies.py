@@ -8,7 +8,7 @@ from typing import Protocol
 
 import numpy as np
 
-from sglang_feather.admission import AdmissionConfig
+from sglang_feather.admission import AdmissionConfig, KvHeadroom
 from sglang_feather.sim.prefix_cache import PrefixCache
 
 
@@ -24,6 +24,10 @@ class PassContext(Protocol):
 
     def num_cached_tokens(self, rid: str) -> int:
         """Leading prompt tokens of a waiting request that the prefix cache holds now."""
+        ...
+
+    def kv_headroom(self) -> KvHeadroom:
+        """The KV room this pass can still give out (SGLang's `rem_total_tokens`) over the pool's size."""
         ...
 
 

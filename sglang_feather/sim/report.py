@@ -44,6 +44,11 @@ class Summary:
     """Throughput had every step taken GPU + CPU time (no overlap scheduler)."""
     output_tok_s_overlap_cpu: float
     """Throughput had every step taken max(GPU, CPU) (SGLang's overlap scheduler)."""
+    bound_tok_s: float = 0.0
+    """The same schedule's throughput with perfect sharing: every decode step reading each shared prefix node of
+    its batch once (a cascade kernel), the steps' CPU time and the idle gaps unchanged."""
+    pct_of_bound: float = 0.0
+    """`output_tok_s` as a share of `bound_tok_s`."""
     tree_cache: str | None = None
     """The SGLang tree cache the policy ran on (SGLang baselines only)."""
 
@@ -72,6 +77,10 @@ def summarize(policy: str, log: RunLog) -> Summary:
     actual = overlap if log.overlap_schedule else busy
     idle = max(0.0, log.end_s - actual)
     filled = log.cache_hit_tokens + log.cache_miss_tokens
+    step_of = (lambda gpu, cpu: max(gpu, cpu)) if log.overlap_schedule else (lambda gpu, cpu: gpu + cpu)
+    saved = sum(step_of(s.gpu_s, s.cpu_s) - step_of(s.bound_gpu_s, s.cpu_s) for s in log.steps)
+    bound_s = log.end_s - saved
+    bound_tok_s = out / bound_s if bound_s > 0 else 0.0
     return Summary(
         policy=policy,
         num_requests=len(reqs),
@@ -101,6 +110,8 @@ def summarize(policy: str, log: RunLog) -> Summary:
         output_tok_s_serial_cpu=out / (busy + idle) if busy + idle else 0.0,
         output_tok_s_overlap_cpu=out / (overlap + idle) if overlap + idle else 0.0,
         tree_cache=log.tree_cache,
+        bound_tok_s=bound_tok_s,
+        pct_of_bound=(out / log.end_s) / bound_tok_s if bound_tok_s and log.end_s else 0.0,
     )
 
 
@@ -122,6 +133,8 @@ COLUMNS = (
     ("cpu_pct_of_gpu", "CPU %GPU", "{:.2f}"),
     ("output_tok_s_serial_cpu", "tok/s serial", "{:.0f}"),
     ("output_tok_s_overlap_cpu", "tok/s overlap", "{:.0f}"),
+    ("bound_tok_s", "bound tok/s", "{:.0f}"),
+    ("pct_of_bound", "% of bound", "{:.1%}"),
 )
 
 

@@ -23,7 +23,7 @@ VALID = {
     "chunk_size": ("32", 32),
     "stopper": ("static", "static"),
     "stopper_options": ('{"exploration": 0.25}', {"exploration": 0.25}),
-    "stop_scope": ("new-groups", "new-groups"),
+    "stop_scope": ("pass", "pass"),
     "max_wait_s": ("none", None),
     "state_path": ("{tmp}/state.json", "{tmp}/state.json"),
     "seed": ("5", 5),

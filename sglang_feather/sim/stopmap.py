@@ -1,0 +1,226 @@
+"""`python -m sglang_feather.sim.stopmap`: where a stopper's STOP pays, per GPU, groups, prefix, KV room and rate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sglang_feather.admission import AdmissionConfig
+from sglang_feather.sim.cost import PhysicsCostModel
+from sglang_feather.sim.cpu import FixedCpu
+from sglang_feather.sim.engine import EngineConfig
+from sglang_feather.sim.profile import load_profile
+from sglang_feather.sim.report import summarize
+from sglang_feather.sim.run import RunSpec, simulate
+from sglang_feather.sim.sweeps import KV_PRESSURE, NO_SHARING
+from sglang_feather.sim.workloads import WorkloadConfig, make_workload
+from sglang_feather.workload import SharedPrefixSpec
+
+# How it works.
+#
+# Each cell is one trace (workload, GPU profile, KV pool) run through Feather with every stopper on the same
+# requests, scheduler CPU charged as zero so only the schedule counts: `always` (never stops), `static` with
+# its physical group cap (as many groups as the profile's usable L2 holds prefixes of this length per layer,
+# at least 1), `ucb`, `qlearn`, and `static` at each fixed group cap of `THRESHOLDS`; the best of the fixed
+# caps and `always` is the cell's oracle. Every run is reported beside the physical bound of its own schedule
+# (`Summary.bound_tok_s`: each decode step reading every shared prefix node once, as a cascade kernel would).
+# The cells span the issue's axes without the full product (a 2-core machine runs the map in about half an
+# hour): gsp with Zipf(1.1) group sizes at 8, 32 and 64 groups and 1K, 4K and 8K prefixes on A100 and RTX 6000
+# Ada, a subset on H200, a small KV pool and a low arrival rate at 32 groups x 4K, the KV-limited RAG trace,
+# and unrelated prompts (where a STOP must cost nothing). `--requests` sets each gsp cell's request count.
+
+THRESHOLDS = (2, 4, 8, 16)
+"""The group caps the oracle sweeps (`static`'s `max_groups`)."""
+STOPPERS = ("always", "static", "ucb", "qlearn")
+BASELINES = ("dfs-weight",)
+"""SGLang's policy run beside Feather in the cells the issue sets a bar on."""
+DEFAULT_REQUESTS = 600
+GSP_RATE = 40.0
+"""The issue's arrival rate for 32 Zipf groups (req/s); the low-rate cells use `LOW_RATE`."""
+LOW_RATE = 10.0
+SMALL_POOL_TOKENS = 120_000
+"""A KV pool of 120K tokens: about 29 4K prefixes, so 32 groups' prefixes do not all stay cached."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    label: str
+    workload: str
+    knobs: WorkloadConfig
+    gpu: str
+    prefix_len: int
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    baselines: tuple[str, ...] = ()
+
+
+def _gsp(groups: int, prefix: int, requests: int, rate: float = GSP_RATE) -> WorkloadConfig:
+    spec = SharedPrefixSpec(
+        num_groups=groups,
+        num_requests=requests,
+        prefix_len=prefix,
+        question_len=128,
+        output_len=128,
+        popularity="zipf",
+        zipf_alpha=1.1,
+        rate=rate,
+    )
+    return WorkloadConfig(spec)
+
+
+def cells(requests: int) -> Iterator[Cell]:
+    for gpu in ("a100-80gb", "rtx6000-ada"):
+        for groups in (8, 32, 64):
+            for prefix in (1024, 4096, 8192):
+                bar = groups == 32 and prefix == 4096
+                yield Cell(
+                    f"{gpu} gsp {groups}g {prefix // 1024}K",
+                    "gsp",
+                    _gsp(groups, prefix, requests),
+                    gpu,
+                    prefix,
+                    baselines=BASELINES if bar else (),
+                )
+        small = EngineConfig(kv_capacity_tokens=SMALL_POOL_TOKENS)
+        yield Cell(f"{gpu} gsp 32g 4K small-kv", "gsp", _gsp(32, 4096, requests), gpu, 4096, small)
+        low = _gsp(32, 4096, requests, LOW_RATE)
+        yield Cell(f"{gpu} gsp 32g 4K {LOW_RATE:g}req/s", "gsp", low, gpu, 4096)
+    for groups, prefix in ((8, 1024), (32, 4096), (64, 8192)):
+        yield Cell(
+            f"h200 gsp {groups}g {prefix // 1024}K", "gsp", _gsp(groups, prefix, requests), "h200", prefix
+        )
+    rag = KV_PRESSURE["rag"].with_spec(num_requests=requests)
+    yield Cell("a100-80gb rag kv-limited", "rag", rag, "a100-80gb", 9216, baselines=BASELINES)
+    none = NO_SHARING.with_spec(num_requests=min(requests, 400))
+    for gpu in ("a100-80gb", "h200"):
+        yield Cell(f"{gpu} no-sharing", "none", none, gpu, 0)
+
+
+def physical_cap(cost: PhysicsCostModel, prefix_len: int) -> int:
+    """Prefixes of `prefix_len` tokens the profile's usable L2 holds per layer (at least 1)."""
+    if prefix_len <= 0:
+        return 1
+    return max(1, int(cost.l2_usable_tokens // prefix_len))
+
+
+def _variants(cap: int) -> list[tuple[str, str, dict[str, Any]]]:
+    """(label, policy, admission options) per run of a cell."""
+    runs = [
+        ("always", "feather", {"stopper": "always"}),
+        (f"static (cap {cap})", "feather", {"stopper": "static", "stopper_options": {"max_groups": cap}}),
+        ("ucb", "feather", {"stopper": "ucb"}),
+        ("qlearn", "feather", {"stopper": "qlearn"}),
+    ]
+    runs += [
+        (f"cap {t}", "feather", {"stopper": "static", "stopper_options": {"max_groups": t}})
+        for t in THRESHOLDS
+        if t != cap
+    ]
+    return runs
+
+
+def run_cell(cell: Cell) -> dict[str, Any]:
+    requests = make_workload(cell.workload, cell.knobs)
+    cost = PhysicsCostModel(load_profile(cell.gpu, "llama-3-8b"))
+    cap = physical_cap(cost, cell.prefix_len)
+    runs = []
+    plans = [*_variants(cap), *((name, name, {}) for name in cell.baselines)]
+    if cell.baselines:  # the bar cells also measure what STOP holds back: the whole pass, or new groups only
+        plans += [
+            ("ucb, STOP ends the pass", "feather", {"stopper": "ucb", "stop_scope": "pass"}),
+            (f"static (cap {cap}), STOP ends the pass", "feather", {**plans[1][2], "stop_scope": "pass"}),
+        ]
+    for label, policy, options in plans:
+        spec = RunSpec(policy, AdmissionConfig(**options))
+        log = simulate(requests, cost, spec, cell.engine, FixedCpu(0.0))
+        runs.append({"label": label, "summary": asdict(summarize(label, log)), "admission": log.admission})
+    return {"cell": cell.label, "gpu": cell.gpu, "num_requests": len(requests), "cap": cap, "runs": runs}
+
+
+def _tok_s(result: dict[str, Any], label_start: str) -> float:
+    return next(r["summary"]["output_tok_s"] for r in result["runs"] if r["label"].startswith(label_start))
+
+
+def oracle(result: dict[str, Any]) -> tuple[str, float]:
+    """The best fixed setting: `always` or a fixed group cap (the physical cap counts as one)."""
+    fixed = [
+        r
+        for r in result["runs"]
+        if r["label"] == "always" or (r["label"].startswith(("cap ", "static")) and "pass" not in r["label"])
+    ]
+    best = max(fixed, key=lambda r: r["summary"]["output_tok_s"])
+    return best["label"], best["summary"]["output_tok_s"]
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """One row per cell: tok/s of each stopper as a ratio to always, the oracle, and each as % of its bound."""
+    head = [
+        "cell",
+        "always tok/s (% bound)",
+        "static",
+        "ucb",
+        "qlearn",
+        "oracle",
+        "dfs-weight",
+        "ucb consults/stops",
+    ]
+    rows = [head, ["---"] * len(head)]
+    for res in results:
+        base = _tok_s(res, "always")
+        by = {r["label"]: r for r in res["runs"]}
+        always = by["always"]["summary"]
+
+        def cell(label: str, by=by, base=base) -> str:
+            s = by[label]["summary"]
+            return f"{s['output_tok_s'] / base:.3f} ({s['pct_of_bound']:.0%})"
+
+        static = next(label for label in by if label.startswith("static") and "pass" not in label)
+        best, best_tok = oracle(res)
+        dfs = cell("dfs-weight") if "dfs-weight" in by else ""
+        ucb = by["ucb"]["admission"]
+        rows.append(
+            [
+                res["cell"],
+                f"{always['output_tok_s']:.0f} ({always['pct_of_bound']:.0%})",
+                f"{cell(static)} {static[7:]}",
+                cell("ucb"),
+                cell("qlearn"),
+                f"{best_tok / base:.3f} ({best})",
+                dfs,
+                f"{ucb['num_consults']}/{ucb['num_stops']}",
+            ]
+        )
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sglang_feather.sim.stopmap", description=__doc__)
+    parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="requests per gsp/rag cell")
+    parser.add_argument("--only", default=None, help="run only the cells whose label contains this text")
+    parser.add_argument("--json", default=None, help="write every run's summary and counters here")
+    parser.add_argument("--load", nargs="+", default=None, help="reprint the table of saved runs")
+    args = parser.parse_args(argv)
+    if args.load:
+        results = [res for path in args.load for res in json.load(open(path, encoding="utf-8"))["cells"]]
+        print(table(results))
+        return 0
+    results = []
+    for c in cells(args.requests):
+        if args.only is not None and args.only not in c.label:
+            continue
+        results.append(run_cell(c))
+        print(table(results[-1:]).split("\n")[-1], flush=True)
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(
+                    {"requests": args.requests, "thresholds": THRESHOLDS, "cells": results}, f, indent=1
+                )
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
