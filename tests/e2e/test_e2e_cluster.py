@@ -10,22 +10,32 @@ from sglang_feather.serving import Server, ServerSpec
 from sglang_feather.serving.bench import BenchConfig, Workload
 from sglang_feather.serving.cluster import ClusterSpec, run_cluster
 from sglang_feather.serving.metrics import scrape
+from sglang_feather.serving.router import RouterSpec
 from sglang_feather.workload import SharedPrefixSpec
 
 WORKLOAD = Workload(
     "gsp-16x8-512", SharedPrefixSpec.per_group(16, 8, prefix_len=512, question_len=32, output_len=32)
 )
 """The demo-cluster shape: 16 groups x 8 prompts, shuffled by bench_serving (seed 1), so groups interleave."""
-MAX_SPLIT_GROUPS = 8
-"""Half the groups. Measured with Feather on both workers (8 runs, 2026-12-01): 0-6 groups split, 2 by median of
-the 3-run comparison in docs/scaling.md; fcfs 0-9, lpm 3-14, dfs-weight 4-15. The splits are SMG's spill gate
-moving a request off a worker whose cohort of equal-length requests has not finished yet; a router that
-scattered groups (or a worker that looked hot for long) would split most of them."""
+NO_SPILL_GATE = RouterSpec(extra_args=("--balance-rel-threshold", "2"))
+"""SMG's spill gate off: a matched worker is "hot" only when its in-flight count exceeds 2 x the eligible
+workers' mean, which 2 workers cannot reach (one worker's count is at most the sum, 2 x the mean). The gate
+reads SMG's own in-flight counts, never a worker's report, and on this 2-core machine it fires when the two
+workers' cohorts of equal-length requests finish out of phase: with the default gate, 8 Feather runs split 0-6
+groups, and two runs under load (one in CI) split 15 with 19-22 spills; fcfs split 0-9, lpm 3-14 and dfs-weight
+4-15 in `make demo-cluster` (docs/scaling.md), which measures every policy with the default gate. With the gate
+off, a group is split only through what the workers report (worker overload protection reads their waiting
+requests and KV usage; a cache miss goes by their waiting uncached tokens): the channel Feather's holding and
+its load report control, so this test can bound it tightly."""
+MAX_SPLIT_GROUPS = 2
+"""Measured with the spill gate off, 3 runs under load averages 4.5-6.5 (helpers' jobs beside it), 2026-12-01:
+0 groups split, 0 spills, 113 tree matches and 16 cache misses (one per group) in each. The slack allows one
+overload-protection exclusion, which a 10 s load report can make."""
 ADMISSIONS = "sglang:feather_admissions_total"
 
 
 def test_feather_workers_behind_smg_serve_every_request_and_keep_groups_together(tmp_path, tiny_model):
-    spec = ClusterSpec(tiny_model, "feather", worker_args=FEATHER_CHECKS_EVERY_STEP)
+    spec = ClusterSpec(tiny_model, "feather", worker_args=FEATHER_CHECKS_EVERY_STEP, router=NO_SPILL_GATE)
     run = run_cluster(spec, WORKLOAD, BenchConfig(max_concurrency=64), tmp_path)
 
     assert run.bench.completed == WORKLOAD.num_requests
