@@ -7,14 +7,17 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from sglang_feather.admission import AdmissionConfig
+from sglang_feather.policy import make_policy
 from sglang_feather.sim.cost import PhysicsCostModel
 from sglang_feather.sim.cpu import FixedCpu, MeasuredCpu
 from sglang_feather.sim.engine import EngineConfig
-from sglang_feather.sim.metrics import RunLog, StepKind
+from sglang_feather.sim.metrics import RunLog
+from sglang_feather.sim.policies import SimPolicy
 from sglang_feather.sim.profile import load_profile
 from sglang_feather.sim.run import RunSpec, simulate
 from sglang_feather.sim.workloads import PHASE_SHIFT, WorkloadConfig, make_workload
@@ -22,23 +25,30 @@ from sglang_feather.workload import SharedPrefixSpec
 
 # How it works.
 #
-# The trace is `workloads.phase_shift` (8 groups x 4K, unique prompts, 64 groups x 1K), every request sent at
-# t = 0 in phase order through a client limit of `MAX_CONCURRENCY` requests in flight (bench_serving's
-# --max-concurrency): the scheduler sees one phase at a time, except for the requests in flight at a
-# boundary, and throughput depends on the schedule (an open arrival rate would fix it at the offered load,
-# or, overloaded, queue the phases on top of each other). Feather runs the trace once per stopper. A phase's
-# throughput is its output tokens over its span (its first request sent to its last finished). The per-phase
-# oracle is, for each phase, the best of the fixed static stoppers of `ORACLE_GRID` (each run over the whole
-# trace); a policy's regret in a phase is 1 − its throughput / the oracle's, and over the trace it is the
-# oracle's time (Σ phase tokens / oracle throughput) over the policy's. Time to adapt after a shift: the
-# phase's decode throughput in `WINDOW_S` windows from the phase's start, compared with the oracle run's
-# same windows; it is the start of the first two consecutive windows within `ADAPT_GAP` of the oracle's.
+# The trace is `workloads.phase_shift` (8 groups x 4K, unique prompts, 64 groups x 1K), its Poisson arrivals
+# (phase after phase) faster than the GPU serves them, sent through a client limit of `MAX_CONCURRENCY`
+# requests in flight (bench_serving's --max-concurrency): the scheduler sees one phase at a time, except for
+# the requests in flight at a boundary, and throughput depends on the schedule (an open rate the GPU keeps
+# up with fixes it at the offered load; an overload without the limit queues the phases on top of each
+# other; all requests at t = 0 make the fixed-length outputs finish in lockstep waves). Feather runs the
+# trace once per stopper. Phases overlap at their boundaries, and where a boundary falls depends on the
+# schedule (holding a phase's requests back moves the next phase's first send), so per-phase throughputs
+# of different runs are not comparable; the figure of merit is the whole trace's throughput. The per-phase
+# oracle is a static stopper whose threshold changes at each phase's first arrival, told the phases
+# (`PhasedStopper`): each phase's threshold is chosen from `ORACLE_GRID` coordinate by coordinate (start
+# from the best single threshold for the whole trace, then, phase by phase, keep the threshold that gives
+# the highest whole-trace throughput with the others fixed). A policy's regret is 1 − its throughput / the
+# oracle's. Per phase, the table also shows the throughput from a phase's first send to the next phase's
+# (output tokens produced then by any request, over that time; indicative only, for the reason above), and
+# the time to adapt after a shift: throughput in `WINDOW_S` windows from the phase's start against the
+# oracle run's same windows, the start of the first two consecutive windows within `ADAPT_GAP` of it.
 
 WORKLOAD = WorkloadConfig(
-    SharedPrefixSpec(num_requests=400, question_len=128, output_len=128), prompt_len=2048
+    SharedPrefixSpec(num_requests=400, question_len=128, output_len=128, rate=20.0), prompt_len=2048
 )
-"""400 requests per phase; question and output lengths of the KV-pressure sweep (128, 128), unique prompts of
-the no-sharing sweep's 2,048 tokens (sim/sweeps.py); the groups and prefix lengths are issue 22's example."""
+"""400 requests per phase at 20 req/s (A100 serves 4-10 req/s of them: the client limit binds); question and
+output lengths of the KV-pressure sweep (128, 128), unique prompts of the no-sharing sweep's 2,048 tokens
+(sim/sweeps.py); the groups and prefix lengths are issue 22's example."""
 MAX_CONCURRENCY = 256
 """Requests in flight: enough to fill A100's KV room in the unique phase (256 x 2.2K tokens, more than the
 pool's ~430K minus the cached prefixes) while the shared phases fit, so the phases differ in KV pressure."""
@@ -66,11 +76,33 @@ STOPPERS: dict[str, Stopper] = {
     "ucb-adaptive": Stopper("ucb-adaptive"),
 }
 ORACLE_GRID: dict[str, Stopper] = {
-    **{f"static max_groups={g}": Stopper("static", {"max_groups": g}) for g in (2, 4, 8, 16, 32, 64)},
-    **{f"static min_new_group={m}": Stopper("static", {"min_new_group": m}) for m in (2, 4, 8, 16)},
+    "always": Stopper("always"),
+    "static": Stopper("static"),
+    **{f"max_groups={g}": Stopper("static", {"max_groups": g}) for g in (2, 4, 8, 16, 32, 64)},
+    **{f"min_new_group={m}": Stopper("static", {"min_new_group": m}) for m in (2, 4, 8, 16)},
 }
-"""The fixed thresholds swept for the per-phase oracle (with `always` and `static` above): a cap on the groups
-a decode step reads, or a least group size to admit a new group (`StaticConfig`)."""
+"""The fixed thresholds the per-phase oracle chooses from: the authors' rule alone (`always` never stops,
+`static` its defaults), a cap on the groups a decode step reads, or a least group size to admit a new group
+(`StaticConfig`)."""
+
+
+class PhasedStopper:
+    """The simulator's Feather policy whose stopper becomes `stoppers[k]` at the first arrival of phase k."""
+
+    def __init__(self, inner: SimPolicy, stoppers: Sequence[Stopper]) -> None:
+        self.inner = inner
+        self._stoppers = [make_policy(s.name, **s.options) for s in stoppers]
+        self._phase = -1
+
+    def on_arrival(self, rid: str) -> None:
+        k = phase_of(rid)
+        if k > self._phase:
+            self._phase = k
+            self.inner.admission.stopper = self._stoppers[k]
+        self.inner.on_arrival(rid)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def phase_of(rid: str) -> int:
@@ -85,19 +117,32 @@ class PhaseStats:
     window_tok_s: tuple[float, ...]
 
 
+def produced(log: RunLog, start_s: float, end_s: float) -> float:
+    """Output tokens produced in [start_s, end_s) by every request, each request's tokens spread evenly
+    from its first token to its finish (the first token at first_token_s)."""
+    total = 0.0
+    for r in log.requests:
+        if r.first_token_s >= start_s and r.first_token_s < end_s:
+            total += 1
+        span = r.finish_s - r.first_token_s
+        if span > 0 and r.output_len > 1:
+            overlap = min(end_s, r.finish_s) - max(start_s, r.first_token_s)
+            total += (r.output_len - 1) * max(0.0, overlap) / span
+    return total
+
+
 def phase_stats(log: RunLog) -> list[PhaseStats]:
-    """Per phase: output tokens over span, and decode throughput in WINDOW_S windows from the phase start."""
+    """Per phase, from its first request's send to the next phase's (the last phase: to the end): output
+    tokens produced then by every request over that time, and the same in WINDOW_S windows."""
+    starts = [min(r.arrival_s for r in log.requests if phase_of(r.rid) == k) for k in range(len(PHASE_SHIFT))]
+    ends = [*starts[1:], log.end_s]
     out = []
-    for k in range(len(PHASE_SHIFT)):
-        reqs = [r for r in log.requests if phase_of(r.rid) == k]
-        start, end = min(r.arrival_s for r in reqs), max(r.finish_s for r in reqs)
-        tokens = sum(r.output_len for r in reqs)
-        edges = np.arange(start, end + WINDOW_S, WINDOW_S)
-        decode = [s for s in log.steps if s.kind is StepKind.DECODE and start <= s.start_s < end]
-        sums = np.histogram([s.start_s for s in decode], bins=edges, weights=[s.num_tokens for s in decode])[
-            0
-        ]
-        out.append(PhaseStats(tokens / (end - start), start, end, tuple(float(x) / WINDOW_S for x in sums)))
+    for start, end in zip(starts, ends, strict=True):
+        edges = np.arange(start, end, WINDOW_S)
+        windows = tuple(
+            produced(log, a, min(a + WINDOW_S, end)) / WINDOW_S for a in edges if a + WINDOW_S <= end
+        )
+        out.append(PhaseStats(produced(log, start, end) / (end - start), start, end, windows))
     return out
 
 
@@ -111,62 +156,66 @@ def time_to_adapt(mine: PhaseStats, oracle: PhaseStats) -> float | None:
     return None
 
 
-def run(
-    gpu: str,
-    model: str,
-    seed: int,
-    names: Sequence[str],
-    cpu,
-    workload: WorkloadConfig = WORKLOAD,
-    max_concurrency: int = MAX_CONCURRENCY,
-) -> dict[str, dict]:
-    """Every stopper of `names` (from STOPPERS and ORACLE_GRID) over one seed's trace: a row each."""
-    cost = PhysicsCostModel(load_profile(gpu, model))
-    requests = make_workload("phase-shift", workload.with_spec(seed=seed))
-    engine = EngineConfig(max_concurrency=max_concurrency)
-    rows: dict[str, dict] = {}
-    for name in names:
-        stopper = {**STOPPERS, **ORACLE_GRID}[name]
-        log = simulate(requests, cost, RunSpec("feather", stopper.admission()), engine, cpu)
+@dataclass(frozen=True)
+class Trial:
+    """One seed's trace on one GPU x model, and how to simulate a stopper (or a phased schedule) on it."""
+
+    gpu: str
+    model: str
+    seed: int
+    cpu: Any
+    workload: WorkloadConfig = WORKLOAD
+    max_concurrency: int = MAX_CONCURRENCY
+
+    def simulate(self, label: str, stoppers: Sequence[Stopper]) -> dict:
+        """A row for `label`: one stopper for the whole trace, or one per phase."""
+        cost = PhysicsCostModel(load_profile(self.gpu, self.model))
+        requests = make_workload("phase-shift", self.workload.with_spec(seed=self.seed))
+        engine = EngineConfig(max_concurrency=self.max_concurrency)
+        wrap = None if len(stoppers) == 1 else (lambda policy: PhasedStopper(policy, stoppers))
+        log = simulate(
+            requests, cost, RunSpec("feather", stoppers[0].admission()), engine, self.cpu, wrap=wrap
+        )
         stats = phase_stats(log)
-        tokens = [sum(r.output_len for r in log.requests if phase_of(r.rid) == k) for k in range(len(stats))]
-        rows[name] = {
-            "stopper": name,
-            "seed": seed,
-            "gpu": gpu,
-            "tok_s": sum(tokens) / log.end_s,
-            "phase_tok_s": [s.tok_s for s in stats],
-            "phase_tokens": tokens,
-            "phases": [s.__dict__ | {"window_tok_s": list(s.window_tok_s)} for s in stats],
+        row = {
+            "label": label,
+            "seed": self.seed,
+            "gpu": self.gpu,
+            "tok_s": sum(r.output_len for r in log.requests) / log.end_s,
+            "phase_tok_s": [p.tok_s for p in stats],
+            "phases": [p.__dict__ | {"window_tok_s": list(p.window_tok_s)} for p in stats],
             "admission": log.admission,
         }
-        print(f"{gpu} seed={seed} {name}: {rows[name]['tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
-    return rows
+        print(f"{self.gpu} seed={self.seed} {label}: {row['tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
+        return row
 
 
-def compare(rows: dict[str, dict]) -> dict[str, dict]:
-    """Per stopper of STOPPERS: x oracle per phase and over the trace, time to adapt per shift."""
-    candidates = list(rows.values())
-    num_phases = len(PHASE_SHIFT)
-    oracle = [max(candidates, key=lambda r: r["phase_tok_s"][k]) for k in range(num_phases)]
-    tokens = oracle[0]["phase_tokens"]
-    oracle_time = sum(t / o["phase_tok_s"][k] for k, (t, o) in enumerate(zip(tokens, oracle, strict=True)))
+def oracle(trial: Trial, grid: Mapping[str, Stopper] = ORACLE_GRID) -> tuple[dict, list[dict]]:
+    """The phased oracle's row and every row tried on the way (coordinate search, see "How it works")."""
+    tried = {(name,): trial.simulate(name, [stopper]) for name, stopper in grid.items()}
+    best = max(tried, key=lambda key: tried[key]["tok_s"])
+    schedule = list(best) * len(PHASE_SHIFT)
+    rows = {tuple(schedule): tried[best]}
+    for k in range(len(PHASE_SHIFT)):
+        candidates = [tuple(schedule[:k] + [name] + schedule[k + 1 :]) for name in grid]
+        for candidate in candidates:
+            if candidate not in rows:
+                label = "oracle " + " / ".join(candidate)
+                rows[candidate] = trial.simulate(label, [grid[n] for n in candidate])
+        schedule = list(max(candidates, key=lambda c: rows[c]["tok_s"]))
+    final = dict(rows[tuple(schedule)], label="oracle " + " / ".join(schedule), schedule=schedule)
+    return final, [*tried.values(), *rows.values()]
+
+
+def compare(rows: Mapping[str, dict], best: dict) -> dict[str, dict]:
+    """Per row: x oracle over the trace, time to adapt per shift against the oracle's windows."""
     out = {}
-    for name in STOPPERS:
-        if name not in rows:
-            continue
-        r = rows[name]
-        mine_time = sum(t / r["phase_tok_s"][k] for k, t in enumerate(tokens))
+    for name, r in rows.items():
         adapt = [
-            time_to_adapt(_stats(r["phases"][k]), _stats(oracle[k]["phases"][k]))
-            for k in range(1, num_phases)
+            time_to_adapt(_stats(r["phases"][k]), _stats(best["phases"][k]))
+            for k in range(1, len(PHASE_SHIFT))
         ]
-        out[name] = {
-            "x_oracle": [r["phase_tok_s"][k] / oracle[k]["phase_tok_s"][k] for k in range(num_phases)],
-            "x_oracle_trace": oracle_time / mine_time,
-            "adapt_s": adapt,
-            "oracle": [o["stopper"] for o in oracle],
-        }
+        out[name] = {"x_oracle": r["tok_s"] / best["tok_s"], "adapt_s": adapt}
     return out
 
 
@@ -174,27 +223,22 @@ def _stats(d: dict) -> PhaseStats:
     return PhaseStats(d["tok_s"], d["start_s"], d["end_s"], tuple(d["window_tok_s"]))
 
 
-def table(rows: dict[str, dict], comparison: dict[str, dict]) -> str:
+def table(rows: Mapping[str, dict], best: dict) -> str:
+    comparison = compare({**rows, "oracle": best}, best)
     labels = [p.label for p in PHASE_SHIFT]
-    head = ["stopper", "tok/s", *(f"{lab} tok/s (x oracle)" for lab in labels), "x oracle (trace)"]
+    head = ["stopper", "tok/s", "x oracle", *(f"{lab} tok/s" for lab in labels)]
     head += [f"adapt s -> {lab}" for lab in labels[1:]]
     head += ["consults", "stops"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, c in comparison.items():
-        r = rows[name]
-        cells = [name, f"{r['tok_s']:.0f}"]
-        cells += [f"{t:.0f} ({x:.3f})" for t, x in zip(r["phase_tok_s"], c["x_oracle"], strict=True)]
-        cells.append(f"{c['x_oracle_trace']:.3f}")
+        r = {**rows, "oracle": best}[name]
+        cells = [name, f"{r['tok_s']:.0f}", f"{c['x_oracle']:.3f}", *(f"{t:.0f}" for t in r["phase_tok_s"])]
         cells += ["never" if a is None else f"{a:.0f}" for a in c["adapt_s"]]
         admission = r["admission"] or {}
         cells += [str(admission.get("num_consults", "")), str(admission.get("num_stops", ""))]
         lines.append("| " + " | ".join(cells) + " |")
-    best = next(iter(comparison.values()))["oracle"] if comparison else []
-    oracle_cells = [
-        f"{lab}: {name} ({rows[name]['phase_tok_s'][k]:.0f} tok/s)"
-        for k, (lab, name) in enumerate(zip(labels, best, strict=True))
-    ]
-    return "\n".join(lines) + "\n\nper-phase oracle: " + "; ".join(oracle_cells)
+    schedule = "; ".join(f"{lab}: {name}" for lab, name in zip(labels, best["schedule"], strict=True))
+    return "\n".join(lines) + f"\n\noracle thresholds per phase: {schedule}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -211,18 +255,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     cpu = MeasuredCpu() if args.fixed_cpu_ms is None else FixedCpu(args.fixed_cpu_ms / 1e3)
     if args.load:
         with open(args.load, encoding="utf-8") as f:
-            runs = json.load(f)["runs"]
+            results = json.load(f)["results"]
     else:
-        names = [*STOPPERS, *ORACLE_GRID]
-        runs = [run(args.gpu, args.model, seed, names, cpu) for seed in range(args.seeds)]
-    comparisons = [compare(rows) for rows in runs]
-    for rows, comparison in zip(runs, comparisons, strict=True):
-        seed = next(iter(rows.values()))["seed"]
-        print(f"\n## phase shift, seed {seed}, on {args.gpu} x {args.model}\n")
-        print(table(rows, comparison))
+        results = []
+        for seed in range(args.seeds):
+            trial = Trial(args.gpu, args.model, seed, cpu)
+            rows = {name: trial.simulate(name, [stopper]) for name, stopper in STOPPERS.items()}
+            best, tried = oracle(trial)
+            results.append({"seed": seed, "rows": rows, "oracle": best, "tried": tried})
+    for result in results:
+        print(f"\n## phase shift, seed {result['seed']}, on {args.gpu} x {args.model}\n")
+        print(table(result["rows"], result["oracle"]))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"argv": sys.argv[1:], "runs": runs, "comparisons": comparisons}, f, indent=1)
+            json.dump({"argv": sys.argv[1:], "results": results}, f, indent=1)
     return 0
 
 

@@ -12,7 +12,7 @@ from sglang_feather.sim.cost import CostModel
 from sglang_feather.sim.cpu import CpuTimer, MeasuredCpu
 from sglang_feather.sim.engine import Engine, EngineConfig, EngineSetup, SimClock
 from sglang_feather.sim.metrics import RunLog
-from sglang_feather.sim.policies import PolicySetup, make_policy
+from sglang_feather.sim.policies import PolicySetup, SimPolicy, make_policy
 from sglang_feather.sim.prefix_cache import PrefixCache
 from sglang_feather.sim.requests import build_states
 from sglang_feather.sim.trace import SimRequest, TokenSource
@@ -41,7 +41,10 @@ def simulate(
     config: EngineConfig = DEFAULT_ENGINE,
     cpu: CpuTimer = MEASURED_CPU,
     progress: Callable[[int], None] | None = None,
+    wrap: Callable[[SimPolicy], SimPolicy] | None = None,
 ) -> RunLog:
+    """Run `requests` under `spec`'s policy; `wrap`, if given, wraps the built policy before the engine gets
+    it (an experiment's instrumentation, e.g. `sim.phase_shift`'s stopper that changes at phase starts)."""
     src = TokenSource()
     states = build_states(requests, src, config.block_size)
     capacity = config.kv_capacity_tokens or cost.kv_capacity_tokens(config.mem_fraction_static)
@@ -51,6 +54,8 @@ def simulate(
     admission = replace(spec.admission, page_size=config.block_size)
     setup = PolicySetup(cache=cache, clock=clock, admission=admission)
     policy = make_policy(spec.policy, setup)
+    if wrap is not None:
+        policy = wrap(policy)
     engine = Engine(states, policy, pool, EngineSetup(cost, config, cpu, src, clock, progress))
     log = engine.run()
     log.max_cache_tokens = pool.max_used

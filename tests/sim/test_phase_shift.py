@@ -5,9 +5,10 @@ from sglang_feather.sim.phase_shift import (
     ORACLE_GRID,
     STOPPERS,
     PhaseStats,
+    Trial,
     compare,
+    oracle,
     phase_of,
-    run,
     table,
     time_to_adapt,
 )
@@ -52,18 +53,24 @@ def test_time_to_adapt_is_the_first_pair_of_windows_near_the_oracle():
     assert time_to_adapt(PhaseStats(90.0, 0.0, 20.0, (50.0, 60.0, 99.0, 99.0)), oracle) == 10.0
 
 
-def test_the_oracle_is_the_best_fixed_threshold_per_phase():
-    names = ["always", "static", "ucb-adaptive", *list(ORACLE_GRID)[:2]]
-    rows = run("a100-80gb", "llama-3-8b", 0, names, FixedCpu(0.0), SMALL, max_concurrency=16)
-    assert set(rows) == set(names)
-    comparison = compare(rows)
-    assert set(comparison) == {"always", "static", "ucb-adaptive"} <= set(STOPPERS)
-    for c in comparison.values():
-        assert all(0 < x <= 1 + 1e-12 for x in c["x_oracle"])
-        assert 0 < c["x_oracle_trace"] <= 1 + 1e-12
-        for k, best in enumerate(c["oracle"]):
-            assert rows[best]["phase_tok_s"][k] == max(r["phase_tok_s"][k] for r in rows.values())
+def test_the_oracle_is_the_best_threshold_schedule_found_and_switches_at_phase_starts():
+    trial = Trial("a100-80gb", "llama-3-8b", 0, FixedCpu(0.0), SMALL, max_concurrency=16)
+    grid = {name: ORACLE_GRID[name] for name in ("always", "max_groups=2", "min_new_group=16")}
+    best, tried = oracle(trial, grid)
+    assert len(best["schedule"]) == len(PHASE_SHIFT) and set(best["schedule"]) <= set(grid)
+    assert best["tok_s"] == max(r["tok_s"] for r in tried)
+    fixed = {name: trial.simulate(name, [grid[name]]) for name in grid}
+    assert all(best["tok_s"] >= r["tok_s"] for r in fixed.values())
+    # A phased schedule that never changes is the fixed stopper, run for run.
+    same = trial.simulate("phased always", [grid["always"]] * len(PHASE_SHIFT))
+    assert same["tok_s"] == fixed["always"]["tok_s"] and same["admission"] == fixed["always"]["admission"]
+    # Holding new groups back from phase 1 on changes the run; from the last phase on, only that phase.
+    late = trial.simulate("late", [grid["always"], grid["always"], grid["min_new_group=16"]])
+    assert late["admission"]["num_stops"] > 0
+    assert late["phases"][0]["window_tok_s"] == fixed["always"]["phases"][0]["window_tok_s"]
+    rows = {name: trial.simulate(name, [STOPPERS[name]]) for name in ("always", "ucb-adaptive")}
+    comparison = compare(rows, best)
+    assert all(0 < c["x_oracle"] <= 1 + 1e-12 for c in comparison.values())
     for r in rows.values():
-        assert sum(r["phase_tokens"]) == 3 * 64 * 8
-        assert r["tok_s"] == pytest.approx(sum(r["phase_tokens"]) / max(p["end_s"] for p in r["phases"]))
-    assert "per-phase oracle" in table(rows, comparison)
+        assert sum(p["tok_s"] * (p["end_s"] - p["start_s"]) for p in r["phases"]) == pytest.approx(3 * 64 * 8)
+    assert "oracle thresholds per phase" in table(rows, best)
