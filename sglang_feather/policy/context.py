@@ -66,7 +66,7 @@ def context_of(obs: Observation) -> Context:
     return Context(
         *authors,
         groups_bucket=1 + min(MAX_GROUPS_BUCKET - 1, max(obs.num_groups_running, 1).bit_length() - 1),
-        new_kv_bucket=_edge_bucket(obs.num_new_chunks, NEW_CHUNK_EDGES),
+        new_kv_bucket=1 + sum(obs.num_new_chunks > edge for edge in NEW_CHUNK_EDGES),
         room_bucket=0 if room is None else _edge_bucket(room, ROOM_EDGES),
         peers_bucket=_edge_bucket(obs.num_group_waiting, PEER_EDGES),
     )

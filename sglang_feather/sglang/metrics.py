@@ -31,9 +31,28 @@ class FeatherMetrics:
         )
         self._stops = Counter(
             "sglang:feather_stops",
-            "Admission passes the stopping policy ended (it said stop while requests were waiting).",
+            "STOPs of the stopping policy (each ended its pass, or closed it to new prefix groups).",
             **common,
         )
+        self._consults = Counter(
+            "sglang:feather_consults",
+            "Candidates the stopping policy decided on (not aged, deferred or forced); kind: adds a prefix group "
+            "to the running batch (new_group) or cuts the batch's shared prefix (cut).",
+            labelnames=[*names, "kind"],
+            registry=common["registry"],
+        )
+        self._windows = Counter(
+            "sglang:feather_reward_windows",
+            "Reward windows closed: each rewarded the stopper's decisions of one pass with its decode throughput.",
+            **common,
+        )
+        self._reward = Counter(
+            "sglang:feather_reward",
+            "Sum of the normalised rewards (in [0, 1]) of those windows: over reward_windows, the mean reward.",
+            **common,
+        )
+        self._num_windows = 0
+        self._sum_reward = 0.0
         self._delta = Histogram(
             "sglang:feather_delta_chunks",
             "Shared-prefix depth lost by each admission (Delta, in CHT chunks).",
@@ -91,12 +110,25 @@ class FeatherMetrics:
             multiprocess_mode="mostrecent",
         )
         series_list = (self._admissions, self._stops, self._delta, self._groups, self._step_time)
-        for series in (*series_list, self._drift, self._errors, self._order_time, self._reorders):
+        learning = (self._windows, self._reward)
+        for series in (*series_list, *learning, self._drift, self._errors, self._order_time, self._reorders):
             series.labels(**self.labels)  # export zeros from the start, not only after the first event
+        for kind in ("new_group", "cut"):
+            self._consults.labels(**self.labels, kind=kind)
 
     def admitted(self, delta: int) -> None:
         self._admissions.labels(**self.labels).inc()
         self._delta.labels(**self.labels).observe(delta)
+
+    def consulted(self, adds_group: bool) -> None:
+        self._consults.labels(**self.labels, kind="new_group" if adds_group else "cut").inc()
+
+    def rewards(self, num_windows: int, sum_reward: float) -> None:
+        """Bring the reward counters up to the admission's running totals."""
+        if num_windows > self._num_windows:
+            self._windows.labels(**self.labels).inc(num_windows - self._num_windows)
+            self._reward.labels(**self.labels).inc(max(0.0, sum_reward - self._sum_reward))
+        self._num_windows, self._sum_reward = num_windows, sum_reward
 
     def stopped(self) -> None:
         self._stops.labels(**self.labels).inc()

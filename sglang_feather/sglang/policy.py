@@ -8,6 +8,7 @@ from typing import Any
 
 from sglang.srt.managers import schedule_policy as _sglang_policy
 
+from sglang_feather.admission import KvHeadroom
 from sglang_feather.sglang.load import mark_matched
 from sglang_feather.sglang.metrics import FeatherMetrics
 from sglang_feather.sglang.options import FEATHER, FeatherOptions
@@ -100,4 +101,15 @@ class FeatherAdderMixin:
                 req, has_chunked_req, truncation_align_size
             ),
             added=lambda: bool(self.can_run_list) and self.can_run_list[-1] is req,
+            headroom=lambda: kv_headroom(self),
         )
+
+
+def kv_headroom(adder: Any) -> KvHeadroom | None:
+    """SGLang's PrefillAdder's KV room: `rem_total_tokens` (free plus evictable, less what running and admitted
+    requests are promised) over the token pool's size; None where this SGLang build does not say."""
+    try:
+        total = int(adder.token_to_kv_pool_allocator.size)
+        return KvHeadroom(max(0, int(adder.rem_total_tokens)), total) if total > 0 else None
+    except (AttributeError, TypeError, ValueError):
+        return None

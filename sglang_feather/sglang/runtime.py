@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -12,12 +11,14 @@ from sglang.srt.managers.schedule_policy import AddReqResult
 from sglang.srt.mem_cache.common import match_kv_cache
 
 from sglang_feather.admission import Admission, Pick, Proposal
+from sglang_feather.admission.costs import Headroom
 from sglang_feather.policy.base import Decision
 from sglang_feather.sglang.cache_events import EventTap, EventTranslator, events_enabled
 from sglang_feather.sglang.metrics import FeatherMetrics
 from sglang_feather.sglang.mirror import QueueMirror
 from sglang_feather.sglang.options import FeatherOptions, options_to_config
 from sglang_feather.sglang.queues import full_picture
+from sglang_feather.sglang.slots import QueueSlots
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ SAVE_INTERVAL_S = 30.0
 # SGLang's FCFS; the tree is rebuilt from the queues at the next step end.
 
 
-class FeatherRuntime:
+class FeatherRuntime(QueueSlots):
     def __init__(
         self,
         options: FeatherOptions,
@@ -153,13 +154,21 @@ class FeatherRuntime:
             self._failed("pass start", waiting_queue[:8])
         self._step_s += time.perf_counter() - t0
 
-    def admit(self, req: Any, batch_size: int, sglang_add: Callable[[], Any], added: Callable[[], bool]):
-        """What Feather's adder returns for `req`: the stopper's verdict, then SGLang's own `add_one_req`."""
+    def admit(
+        self,
+        req: Any,
+        batch_size: int,
+        sglang_add: Callable[[], Any],
+        added: Callable[[], bool],
+        headroom: Headroom | None = None,
+    ):
+        """What Feather's adder returns for `req`: the stopper's verdict, then SGLang's own `add_one_req`.
+        `headroom()` is the adder's KV room (`rem_total_tokens` over the pool's size)."""
         if self._fcfs_pass:
             return sglang_add()
         t0 = time.perf_counter()
         try:
-            proposal = self._proposal_for(req, batch_size)
+            proposal = self._proposal_for(req, batch_size, headroom)
         except Exception:
             self._failed("proposal", [req])
             return sglang_add()
@@ -167,14 +176,9 @@ class FeatherRuntime:
             self._step_s += time.perf_counter() - t0
             return AddReqResult.OTHER
         if proposal.decision is Decision.STOP:
-            if proposal.is_deferred:
-                self.admission.skip(proposal)
-            else:
-                self.admission.decline(proposal)
-                if self.metrics is not None:
-                    self.metrics.stopped()
+            result = self._stop(req, proposal)
             self._step_s += time.perf_counter() - t0
-            return AddReqResult.OTHER
+            return result
         self._step_s += time.perf_counter() - t0
         result = sglang_add()
         t0 = time.perf_counter()
@@ -193,12 +197,27 @@ class FeatherRuntime:
         self._step_s += time.perf_counter() - t0
         return result
 
-    def _proposal_for(self, req: Any, batch_size: int) -> Proposal | None:
+    def _stop(self, req: Any, proposal: Proposal) -> Any:
+        """A STOP (or a deferred pick): skip the request; the pass goes on past it only where the stopper's
+        STOP closed the pass to new prefix groups (the next pick moves into the slot SGLang's loop reaches
+        next, and the loop continues), else SGLang's loop ends here."""
+        if proposal.is_deferred:
+            self.admission.skip(proposal)
+            return AddReqResult.OTHER
+        goes_on = self.admission.decline(proposal)
+        if self.metrics is not None:
+            self.metrics.stopped()
+        if not goes_on:
+            return AddReqResult.OTHER
+        self._offer_after(req)
+        return AddReqResult.CONTINUE
+
+    def _proposal_for(self, req: Any, batch_size: int, headroom: Headroom | None) -> Proposal | None:
         """The stopper's proposal for the request SGLang reached; None ends the pass (Feather has nothing
         more to offer: the request is skipped for this pass or was never Feather's candidate)."""
         pick, self._pick = self._pick, None
         if pick is not None and req is self._pick_req:
-            return self.admission.decide(pick, batch_size)
+            return self._decide(pick, batch_size, headroom)
         if pick is not None:  # SGLang's loop passed over Feather's pick (LoRA, pooling mode, prefetch)
             self.admission.skip(pick)
         rid = req.rid
@@ -209,65 +228,15 @@ class FeatherRuntime:
             return None
         # SGLang's loop ran `req.init_next_round_input` just before: `prefix_len` is what the cache holds.
         pick = self.admission.pick_request(rid, cached_tokens=lambda _: req.prefix_len)
-        return self.admission.decide(pick, batch_size)
+        return self._decide(pick, batch_size, headroom)
 
-    def _offer_after(self, req: Any) -> None:
-        """`req` was admitted: offer the next pick in the slot after it."""
-        queue = self._queue
-        if queue is None:
-            return
-        slot = self._slot
-        if not (slot < len(queue) and queue[slot] is req):
-            self.num_scans += 1
-            try:
-                slot = queue.index(req)
-            except ValueError:
-                return
-        self._offer(slot + 1)
-
-    def _offer(self, slot: int) -> None:
-        """Move the admission's next pick into `queue[slot]`, the next one SGLang's loop reaches."""
-        queue = self._queue
-        pick = self.admission.next_pick(None if self.events is not None else self._cached_tokens)
-        self._pick = pick
-        if queue is None or pick is None:
-            return
-        req = self._pick_req = self.mirror.request(pick.request_id)
-        there = self._position(queue, req, slot)
-        if there is None:
-            return
-        if there != slot:
-            queue.insert(slot, queue.pop(there))
-            self._moved.append(req)
-        self._slot = slot
-
-    def _put_back(self, queue: list[Any]) -> None:
-        """Return the last pass's moved, unadmitted picks from the head of the queue (where SGLang's filter of
-        the admitted ones left them, in slot order) to their places in queue-number order."""
-        moved, self._moved = self._moved, []
-        for req in moved:
-            if not queue or queue[0] is not req:
-                return
-            queue.pop(0)
-            queue.insert(self._sorted_slot(queue, req, 0), req)
-
-    def _sorted_slot(self, queue: list[Any], req: Any, lo: int) -> int:
-        """Where `req` belongs in `queue[lo:]` by the mirror's queue numbers (bisection)."""
-        return bisect_left(queue, self.mirror.seq(req), lo=lo, key=self.mirror.seq)
-
-    def _position(self, queue: list[Any], req: Any, lo: int) -> int | None:
-        """Where `req` is in `queue[lo:]`: by bisection on the mirror's queue numbers (the part of the queue
-        Feather has not reordered is sorted by them), checked, with a scan when the order was disturbed."""
-        if lo < len(queue) and queue[lo] is req:
-            return lo
-        there = self._sorted_slot(queue, req, lo)
-        if there < len(queue) and queue[there] is req:
-            return there
-        self.num_scans += 1
-        try:
-            return queue.index(req, lo)
-        except ValueError:
-            return None
+    def _decide(self, pick: Pick, batch_size: int, headroom: Headroom | None) -> Proposal:
+        """The admission's verdict on `pick`, counting a consult of the stopper in the metrics."""
+        num_consults = self.admission.stats.num_consults
+        proposal = self.admission.decide(pick, batch_size, headroom)
+        if self.metrics is not None and self.admission.stats.num_consults > num_consults:
+            self.metrics.consulted(proposal.observation.adds_group)
+        return proposal
 
     def _cached_tokens(self, rid: Any) -> int:
         """The prompt prefix SGLang's prefix cache holds for a waiting request (tokens)."""
@@ -308,6 +277,7 @@ class FeatherRuntime:
         self.last_step_s = self._step_s
         if self.metrics is not None:
             self.metrics.tracked(self.admission.num_waiting, self.admission.num_active)
+            self.metrics.rewards(self.admission.stats.num_windows, self.admission.stats.sum_reward)
             self.metrics.scheduler_step(self._step_s)
         self._step_s = 0.0
 

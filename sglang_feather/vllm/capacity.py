@@ -8,6 +8,7 @@ from vllm.utils.math_utils import cdiv
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
+from sglang_feather.admission import KvHeadroom
 from sglang_feather.types import RequestId
 
 # How it works.
@@ -88,6 +89,12 @@ class CapacityEstimate:
         num_full_blocks = (request.num_tokens - num_new + num_scheduled) // self._block_size
         self._will_register(request.block_hashes, num_hit_blocks, num_full_blocks)
         return True
+
+    def headroom(self) -> KvHeadroom:
+        """The KV room vLLM can still give to admissions this step (free blocks, cached-but-free ones included,
+        less the watermark, the running requests' growth and earlier admissions) over the pool's size."""
+        total = self._pool.num_gpu_blocks * self._block_size
+        return KvHeadroom(max(0, self.num_blocks_left) * self._block_size, total)
 
     def cached_tokens(self, request_id: RequestId) -> int:
         """The prompt prefix vLLM's prefix cache would give this waiting request if admitted next."""

@@ -118,6 +118,7 @@ class FeatherScheduler(Scheduler):
             max_requests=self._num_free_slots(),
             fits=estimate.fits,
             cached_tokens=estimate.cached_tokens if feed is None else None,
+            headroom=estimate.headroom,
         )
         held = self._keep_only(plan.admitted)
         try:

@@ -1,5 +1,7 @@
 import itertools
 
+import pytest
+
 from sglang_feather.policy import Decision, DecisionRecord, Observation, make_policy
 from sglang_feather.policy.static import StaticConfig, StaticPolicy
 
@@ -72,3 +74,37 @@ def test_static_ignores_feedback():
     before = decide_all(policy, [obs(1, 0), obs(2, 6), obs(2, 6)])
     policy.feedback([DecisionRecord(obs(1, 6), Decision.STOP)], 123.0)
     assert decide_all(policy, [obs(1, 0), obs(2, 6), obs(2, 6)]) == before == ["add", "stop", "stop"]
+
+
+def _new_group_obs(groups, peers):
+    return Observation(
+        20,
+        0,
+        0,
+        0,
+        5,
+        0.0,
+        adds_group=True,
+        num_groups_running=groups,
+        num_new_chunks=64,
+        num_group_waiting=peers,
+    )
+
+
+def test_static_caps_the_groups_a_decode_step_reads():
+    capped = make_policy("static", max_groups=4)
+    assert capped.decide(_new_group_obs(groups=3, peers=0)) is Decision.ADD
+    assert capped.decide(_new_group_obs(groups=4, peers=0)) is Decision.STOP
+    assert make_policy("static").decide(_new_group_obs(groups=400, peers=0)) is Decision.ADD, "off by default"
+
+
+def test_static_holds_back_a_group_too_small_for_an_attention_window():
+    policy = make_policy("static", min_new_group=27)
+    assert policy.decide(_new_group_obs(groups=3, peers=25)) is Decision.STOP
+    assert policy.decide(_new_group_obs(groups=3, peers=26)) is Decision.ADD
+
+
+@pytest.mark.parametrize("options", [{"max_groups": 0}, {"min_new_group": 0}, {"max_groups": 2.5}])
+def test_static_new_group_options_are_checked(options):
+    with pytest.raises(ValueError, match="static option"):
+        make_policy("static", **options)

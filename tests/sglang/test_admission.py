@@ -240,6 +240,12 @@ def test_prometheus_counters():
 
     assert sample("sglang:feather_admissions_total") == 3
     assert sample("sglang:feather_stops_total") == 1
+    consults = {
+        kind: registry.get_sample_value("sglang:feather_consults_total", {**labels, "kind": kind})
+        for kind in ("new_group", "cut")
+    }
+    assert consults == {"new_group": 1, "cut": 0}, "g1-1 adds a prefix group: the stopper's one decision"
+    assert sample("sglang:feather_reward_windows_total") == policy.feather.admission.stats.num_windows
     assert sample("sglang:feather_delta_chunks_count") == 3
     assert sample("sglang:feather_delta_chunks_sum") == policy.feather.admission.stats.sum_delta
     assert sample("sglang:feather_prefix_groups_count") == 0, "observed after prefill steps only"

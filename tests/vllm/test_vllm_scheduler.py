@@ -309,3 +309,20 @@ def test_a_cold_burst_computes_each_groups_prefix_once(engine, scheduler):
     assert sorted(groups[rid] for rid in computers) == list(range(num_groups)), computers
     if scheduler == "feather" and engine == "chunked":
         assert driver.scheduler.admission.stats.num_deferred > 0
+
+
+def test_the_stopper_sees_vllms_kv_headroom_and_the_group_a_candidate_adds():
+    driver = feather(EngineShape(max_num_seqs=8, feather=ALWAYS))
+    seen = []
+    stopper = driver.scheduler.admission.stopper
+    decide = stopper.decide
+    stopper.decide = lambda obs: seen.append(obs) or decide(obs)
+    driver.add("a0", prompt(0, 4, 0, 5), max_tokens=3)
+    driver.step()
+    driver.add("b0", prompt(1, 4, 0, 5))
+    driver.step()
+    new = [o for o in seen if o.adds_group and o.batch_size > 0]
+    assert new, "b0 adds a prefix group to a0's batch"
+    assert all(o.kv_free_fraction is not None and 0 < o.kv_free_fraction < 1 for o in new)
+    assert new[0].num_groups_running == 1 and new[0].num_running_chunks >= 4
+    assert driver.scheduler.admission.stats.num_group_consults >= 1

@@ -1,0 +1,84 @@
+"""Where Feather's picks go in SGLang's waiting queue: the slot its admission loop reaches next."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable
+from typing import Any
+
+from sglang_feather.admission import Admission, Pick
+from sglang_feather.sglang.mirror import QueueMirror
+
+
+class QueueSlots:
+    """Mixed into `FeatherRuntime`: moves each next pick to where SGLang's loop reaches next, and puts the
+    unadmitted ones back in queue-number order at the next pass (see `runtime.py`, "how it works")."""
+
+    admission: Admission
+    mirror: QueueMirror
+    events: Any
+    num_scans: int
+    _queue: list[Any] | None
+    _pick: Pick | None
+    _pick_req: Any
+    _slot: int
+    _moved: list[Any]
+    _cached_tokens: Callable[[Any], int]
+
+    def _offer_after(self, req: Any) -> None:
+        """`req` was admitted: offer the next pick in the slot after it."""
+        queue = self._queue
+        if queue is None:
+            return
+        slot = self._slot
+        if not (slot < len(queue) and queue[slot] is req):
+            self.num_scans += 1
+            try:
+                slot = queue.index(req)
+            except ValueError:
+                return
+        self._offer(slot + 1)
+
+    def _offer(self, slot: int) -> None:
+        """Move the admission's next pick into `queue[slot]`, the next one SGLang's loop reaches."""
+        queue = self._queue
+        pick = self.admission.next_pick(None if self.events is not None else self._cached_tokens)
+        self._pick = pick
+        if queue is None or pick is None:
+            return
+        req = self._pick_req = self.mirror.request(pick.request_id)
+        there = self._position(queue, req, slot)
+        if there is None:
+            return
+        if there != slot:
+            queue.insert(slot, queue.pop(there))
+            self._moved.append(req)
+        self._slot = slot
+
+    def _put_back(self, queue: list[Any]) -> None:
+        """Return the last pass's moved, unadmitted picks from the head of the queue (where SGLang's filter of
+        the admitted ones left them, in slot order) to their places in queue-number order."""
+        moved, self._moved = self._moved, []
+        for req in moved:
+            if not queue or queue[0] is not req:
+                return
+            queue.pop(0)
+            queue.insert(self._sorted_slot(queue, req, 0), req)
+
+    def _sorted_slot(self, queue: list[Any], req: Any, lo: int) -> int:
+        """Where `req` belongs in `queue[lo:]` by the mirror's queue numbers (bisection)."""
+        return bisect_left(queue, self.mirror.seq(req), lo=lo, key=self.mirror.seq)
+
+    def _position(self, queue: list[Any], req: Any, lo: int) -> int | None:
+        """Where `req` is in `queue[lo:]`: by bisection on the mirror's queue numbers (the part of the queue
+        Feather has not reordered is sorted by them), checked, with a scan when the order was disturbed."""
+        if lo < len(queue) and queue[lo] is req:
+            return lo
+        there = self._sorted_slot(queue, req, lo)
+        if there < len(queue) and queue[there] is req:
+            return there
+        self.num_scans += 1
+        try:
+            return queue.index(req, lo)
+        except ValueError:
+            return None
