@@ -66,7 +66,8 @@ def split_passes(records: Sequence[DecisionRecord]) -> list[list[DecisionRecord]
 
 
 class QLearnPolicy(PolicyBase):
-    """State = context (batch bucket, clamped Δ, w bucket) at a decision point; actions ADD and STOP.
+    """State = context (`context_of`: the authors' buckets, plus a new-group candidate's costs) at a decision
+    point; actions ADD and STOP.
 
     Transition: ADD leads to the next decision point of the same pass (forced admissions in between are
     part of the environment) or, if the pass ends first, to the terminal state; STOP is terminal. The

@@ -29,8 +29,8 @@ class UCBPolicy(PolicyBase):
     """Each context (batch bucket, clamped Δ, w bucket) is a two-armed bandit, ADD or STOP.
 
     Score of an arm = mean reward + c·sqrt(ln(n_context + 1) / n_arm); an arm never tried in the context
-    scores +inf (ADD first when both are untried), ties go to ADD. Forced cases (empty batch, or Δ = 0 at
-    a non-zero depth) always ADD and teach nothing. Every learnable decision of a window is credited with
+    scores +inf (ADD first when both are untried), ties go to ADD. Forced cases (`context.is_forced`: an
+    empty batch, or a running group's candidate with Δ = 0) always ADD and teach nothing. Every learnable decision of a window is credited with
     that window's normalised reward (the authors' scheme). Fully deterministic: no randomness is used.
     """
 
