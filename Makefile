@@ -53,11 +53,12 @@ test: setup
 
 # The admission, SGLang-object and simulator suites once more on the pure-Python CHT core (what a failed
 # build of the compiled one installs), on 2 workers; tests/cht runs both cores already, and the patch tests
-# (patched SGLang in subprocesses) call the same adapter code tests/sglang covers. tests/sglang last: its
-# modules import its conftest by name, which must be the last initial conftest pytest loads.
+# (patched SGLang in subprocesses) call the same adapter code tests/sglang covers, and the soak runs both cores
+# itself. tests/sglang last: its modules import its conftest by name, which must be the last initial conftest
+# pytest loads.
 test-python-core: setup-sglang
 	SGLANG_FEATHER_CHT=python $(PY) -m pytest tests/sim tests/core tests/sglang -m "not server" -n 2 \
-		--ignore=tests/sglang/test_patches.py $(PYTEST_ARGS)
+		--ignore=tests/sglang/test_patches.py --ignore=tests/sglang/test_soak.py $(PYTEST_ARGS)
 
 # Everything but the tests that start servers; the three venvs side by side, the SGLang one on 2 workers;
 # FEATHER_TEST_FAST=1 runs the CHT state machine with 100 sequences per core (`make test`: 300).

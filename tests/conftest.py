@@ -23,9 +23,6 @@ MARKERS_BY_PATH: dict[str, tuple[str, ...]] = {
 }
 """Path prefix under tests/ -> markers for every test there."""
 
-SERVER_TESTS = frozenset({"sglang/test_options.py::test_launcher_rejects_bad_feather_options_at_startup"})
-"""Single tests that start a real server process (a test named here that no longer exists fails collection)."""
-
 ENGINE_IMPORT = re.compile(r"^\s*(?:from|import)\s+(?:sglang_feather\.)?(sglang|vllm)\b", re.MULTILINE)
 """A module that imports an engine (or an adapter package, which does) at top level needs that engine."""
 
@@ -41,25 +38,13 @@ def _engine_imports(path: Path, cache: dict[Path, frozenset[str]]) -> frozenset[
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     sources: dict[Path, frozenset[str]] = {}
-    seen_server_tests = set()
-    collected_files = set()
     for item in items:
         relative = item.path.relative_to(TESTS).as_posix()
-        collected_files.add(relative)
         names = set(_engine_imports(item.path, sources))
         for prefix, markers in MARKERS_BY_PATH.items():
             if relative.startswith(prefix):
                 names.update(markers)
-        node = f"{relative}::{getattr(item, 'originalname', item.name)}"
-        if node in SERVER_TESTS:
-            names.add("server")
-            seen_server_tests.add(node)
         for name in sorted(names):
             item.add_marker(name)
         if "server" in names and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(SERVER_TIMEOUT_S))
-    stale = {n for n in SERVER_TESTS if n.split("::")[0] in collected_files} - seen_server_tests
-    if stale:
-        raise pytest.UsageError(
-            f"tests/conftest.py SERVER_TESTS names tests that do not exist: {sorted(stale)}"
-        )
