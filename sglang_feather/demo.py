@@ -26,8 +26,15 @@ DEFAULT_MODEL = "models/tiny-llama"
 FEATHER = "feather"
 BASELINE = "fcfs"
 DEFAULT_POLICIES = (BASELINE, "lpm", "dfs-weight", FEATHER)
-FEATHER_COUNTERS = ("sglang:feather_admissions_total", "sglang:feather_stops_total")
-"""Printed after each run: how often the stopper ended a pass with requests waiting, against admissions."""
+FEATHER_COUNTERS = (
+    "sglang:feather_admissions_total",
+    "sglang:feather_consults_total",
+    "sglang:feather_stops_total",
+    "sglang:feather_reward_windows_total",
+    "sglang:feather_reward_total",
+)
+"""Printed after each run: admissions, the stopper's consults (both kinds) and STOPs, and its reward windows
+and their reward sum (the mean reward is the ratio)."""
 WORKLOAD_FLAGS = WorkloadFlags(
     SharedPrefixSpec.per_group(8, 16, prefix_len=512, question_len=32, output_len=32),
     names=SHAPE_FIELDS,

@@ -12,6 +12,15 @@ ARMS = (Decision.ADD, Decision.STOP)
 ARM_INDEX = {Decision.ADD: 0, Decision.STOP: 1}
 
 
+def greedy_arm(counts: dict[Context, list[Any]], sums: dict[Context, list[float]], ctx: Context) -> Decision:
+    """The arm with the best mean reward in `ctx` (ADD when either arm is untried there, or on a tie)."""
+    arm_counts = counts.get(ctx)
+    if arm_counts is None or arm_counts[0] == 0 or arm_counts[1] == 0:
+        return Decision.ADD
+    arm_sums = sums[ctx]
+    return Decision.STOP if arm_sums[1] / arm_counts[1] > arm_sums[0] / arm_counts[0] else Decision.ADD
+
+
 def dump_table(table: dict[Context, list[float]]) -> list[list[Any]]:
     """[[*context (seven buckets), value_add, value_stop], ...] sorted by context."""
     return [[*ctx, *values] for ctx, values in sorted(table.items())]

@@ -9,7 +9,7 @@ from typing import Any
 
 from sglang_feather.policy.base import Decision, DecisionRecord, Observation, PolicyBase
 from sglang_feather.policy.context import Context, context_of, is_forced
-from sglang_feather.policy.tables import ARM_INDEX, ARMS, dump_table, load_table
+from sglang_feather.policy.tables import ARM_INDEX, ARMS, dump_table, greedy_arm, load_table
 
 DEFAULT_EXPLORATION = 0.5
 """UCB1 constant c for rewards normalised to [0, 1]; see docs/policy.md for the sweep behind it."""
@@ -60,12 +60,7 @@ class UCBPolicy(PolicyBase):
         """The arm with the best mean reward so far (ADD when untried or tied): the learned rule."""
         if is_forced(obs):
             return Decision.ADD
-        ctx = context_of(obs)
-        counts = self.counts.get(ctx, [0, 0])
-        if counts[0] == 0 or counts[1] == 0:
-            return Decision.ADD
-        sums = self.sums[ctx]
-        return Decision.STOP if sums[1] / counts[1] > sums[0] / counts[0] else Decision.ADD
+        return greedy_arm(self.counts, self.sums, context_of(obs))
 
     def learn(self, records: Sequence[DecisionRecord], reward: float) -> None:
         for record in records:

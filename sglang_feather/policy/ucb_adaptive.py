@@ -16,7 +16,7 @@ from sglang_feather.policy.change import (
     PageHinkleyConfig,
 )
 from sglang_feather.policy.context import Context, context_of, is_forced, parse_context
-from sglang_feather.policy.tables import ARM_INDEX, ARMS, dump_table, load_table
+from sglang_feather.policy.tables import ARM_INDEX, ARMS, dump_table, greedy_arm, load_table
 from sglang_feather.policy.ucb import DEFAULT_EXPLORATION
 
 # How it works.
@@ -108,12 +108,7 @@ class AdaptiveUCBPolicy(PolicyBase):
         """The arm with the best discounted mean (ADD when either is untried, or tied): the learned rule."""
         if is_forced(obs):
             return Decision.ADD
-        ctx = context_of(obs)
-        counts = self.counts.get(ctx, [0.0, 0.0])
-        if counts[0] == 0 or counts[1] == 0:
-            return Decision.ADD
-        sums = self.sums[ctx]
-        return Decision.STOP if sums[1] / counts[1] > sums[0] / counts[0] else Decision.ADD
+        return greedy_arm(self.counts, self.sums, context_of(obs))
 
     def learn(self, records: Sequence[DecisionRecord], reward: float) -> None:
         gamma = self.config.discount

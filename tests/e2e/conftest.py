@@ -11,7 +11,10 @@ from sglang_feather.serving import Server, ServerSpec
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_MODEL = REPO / "models" / "tiny-llama"
-STARTUP_TIMEOUT_S = 240.0
+STARTUP_TIMEOUT_S = 480.0
+"""How long a test server may take to answer /health_generate. Quiet, a tiny-model server is healthy in about
+40 s; under `make test`'s side-by-side lanes on 2 cores (8 pytest workers and up to 4 servers) one `--dp-size 2`
+server's tokenizer process took 207 s to start in CI, and 240 s was not enough. It bounds a hang, not speed."""
 _STARTUPS: list[tuple[str, float]] = []
 
 
