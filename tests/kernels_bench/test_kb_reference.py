@@ -135,6 +135,7 @@ TRITON_CASES = [
 ]
 
 
+@pytest.mark.slow
 def test_triton_kernel_matches_the_reference_in_the_triton_interpreter():
     """The real Triton kernel source, run on CPU by Triton's interpreter, in a fresh process because
     TRITON_INTERPRET must be set before Triton is first imported. float32 only: the interpreter's bf16 dot

@@ -29,6 +29,9 @@ from sglang_feather.patches import (
 )
 from sglang_feather.sglang import plugin
 
+pytestmark = pytest.mark.slow
+"""Patches and probes a copy of SGLang in subprocesses (about a minute of CPU): `make test`, not `make test-fast`."""
+
 PROBE = Path(__file__).with_name("probe_admission.py")
 PROBE_ARGS = ["feather,lpm,fcfs", "--feather-chunk-size", "32", "--feather-stopper", "static"]
 
