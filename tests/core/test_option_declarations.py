@@ -99,7 +99,7 @@ def test_defaults_are_the_same_everywhere():
     assert _options_of(_sglang([]).admission) == default
     assert _options_of(_sim([])) == default
     assert _options_of(_vllm({})) == {**default, "chunk_size": 64}
-    assert default["stopper"] == "ucb" and default["max_wait_s"] == 300.0 and default["defer_uncached_prefix"]
+    assert default["stopper"] == "always" and default["max_wait_s"] == 300.0 and default["defer_uncached_prefix"]
 
 
 def test_help_shows_the_declared_default():

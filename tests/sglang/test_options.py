@@ -74,7 +74,7 @@ def test_flags_reach_the_scheduler_process_with_server_args(parser, tmp_path):
 def test_defaults(parser):
     server_args = _server_args(parser, ["--schedule-policy", "feather"])
     assert options_of(server_args) == FeatherOptions()
-    assert FeatherOptions().admission.stopper == "ucb"
+    assert FeatherOptions().admission.stopper == "always"
     plain = _server_args(parser, ["--schedule-policy", "lpm"])
     assert not hasattr(plain, "_feather_options")
 

@@ -108,7 +108,7 @@ def test_wait_by_length_bins_cover_every_request(cost):
 def test_defaults_are_production_defaults():
     args = build_parser().parse_args([])
     assert admission_config(args) == AdmissionConfig() == RunSpec("feather").admission
-    assert AdmissionConfig().stopper == "ucb" and AdmissionConfig().max_wait_s == 300.0
+    assert AdmissionConfig().stopper == "always" and AdmissionConfig().max_wait_s == 300.0
     assert AdmissionConfig().defer_uncached_prefix
     assert engine_config(args).overlap_schedule and EngineConfig().overlap_schedule
     assert engine_config(args).batch_order == "admission"
