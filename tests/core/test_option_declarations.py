@@ -32,6 +32,10 @@ VALID = {
 }
 """Per option, a valid non-default value: (command-line text, JSON value)."""
 
+COMPANIONS = {"stopper_options": {"stopper": ("ucb", "ucb")}}
+"""Options whose value is valid only beside another's non-default value (`ucb`'s options; the default stopper,
+`always`, takes none): (command-line text, JSON value) of each."""
+
 INVALID = {
     "chunk_size": ("0", 0),
     "stopper": ("nope", "nope"),
@@ -99,7 +103,9 @@ def test_defaults_are_the_same_everywhere():
     assert _options_of(_sglang([]).admission) == default
     assert _options_of(_sim([])) == default
     assert _options_of(_vllm({})) == {**default, "chunk_size": 64}
-    assert default["stopper"] == "always" and default["max_wait_s"] == 300.0 and default["defer_uncached_prefix"]
+    assert (
+        default["stopper"] == "always" and default["max_wait_s"] == 300.0 and default["defer_uncached_prefix"]
+    )
 
 
 def test_help_shows_the_declared_default():
@@ -112,13 +118,16 @@ def test_help_shows_the_declared_default():
 @pytest.mark.parametrize("name", list(OPTIONS))
 def test_a_value_means_the_same_on_every_surface(name, tmp_path):
     text, value = (v.replace("{tmp}", str(tmp_path)) if isinstance(v, str) else v for v in VALID[name])
-    expected = AdmissionConfig(**{name: value})
+    companions = COMPANIONS.get(name, {})
+    argv = [arg for other, (t, _) in companions.items() for arg in (flag(other), t)] + [flag(name), text]
+    values = {other: v for other, (_, v) in companions.items()} | {name: value}
+    expected = AdmissionConfig(**values)
     assert getattr(expected, name) != getattr(AdmissionConfig(), name)
-    assert _sglang([flag(name), text]).admission == expected
+    assert _sglang(argv).admission == expected
     if name not in sim_cli.NOT_SIMULATED:
-        assert _sim([flag(name), text]) == expected
+        assert _sim(argv) == expected
     if name not in vllm_config.ENGINE_SET:
-        assert _options_of(_vllm({name: value})) == _options_of(expected)
+        assert _options_of(_vllm(values)) == _options_of(expected)
 
 
 @pytest.mark.parametrize("name", list(OPTIONS))
