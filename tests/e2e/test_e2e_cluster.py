@@ -28,9 +28,11 @@ off, a group is split only through what the workers report (worker overload prot
 requests and KV usage; a cache miss goes by their waiting uncached tokens): the channel Feather's holding and
 its load report control, so this test can bound it tightly."""
 MAX_SPLIT_GROUPS = 2
-"""Measured with the spill gate off, 3 runs under load averages 4.5-6.5 (helpers' jobs beside it), 2026-12-01:
-0 groups split, 0 spills, 113 tree matches and 16 cache misses (one per group) in each. The slack allows one
-overload-protection exclusion, which a 10 s load report can make."""
+"""Splits beyond SMG's own spills. Measured with the spill gate off, 3 runs under load averages 4.5-6.5
+(helpers' jobs beside it), 2026-12-01: 0 groups split, 0 spills, 113 tree matches and 16 cache misses (one per
+group) in each. The slack allows one overload-protection exclusion, which a 10 s load report can make. The
+gate is not wholly off: a CI run on 2026-12-02 counted 4 spills and 3 split groups, so each spill SMG reports
+(its decision, from its own in-flight counts) may split one group more."""
 ADMISSIONS = "sglang:feather_admissions_total"
 
 
@@ -46,7 +48,8 @@ def test_feather_workers_behind_smg_serve_every_request_and_keep_groups_together
     )
     assert [w.errors for w in run.workers] == [0, 0]
     assert run.placement.num_groups == 16
-    assert run.placement.split_groups <= MAX_SPLIT_GROUPS, (run.placement, run.branches)
+    spills = int(run.branches.get("spill", 0))
+    assert run.placement.split_groups <= MAX_SPLIT_GROUPS + spills, (run.placement, run.branches)
 
 
 def test_every_dp_rank_runs_its_own_feather_and_exports_its_metrics(tmp_path, tiny_model):
