@@ -19,13 +19,18 @@ WORKLOAD = SharedPrefixSpec.per_group(
 )
 CONCURRENCY = 200
 """Every request in flight at once; with --max-num-seqs 32 the waiting queue is what the schedulers order."""
+FLOAT32 = ("--dtype", "float32")
+"""Scheduling must not change a greedy output, but in bfloat16 any change of batch shape moves the hidden states
+by last bits, and on this random tiny model the top-2 logits often tie within a bfloat16 step: a CI run flipped
+1 of 200 outputs between the two schedulers (request 53). In float32 a flip needs a tie 65,536 times closer, so
+a mismatch left is the scheduler's fault (the SGLang twin, tests/e2e/test_e2e_batch_order.py, does the same)."""
 
 
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory) -> Measurement:
     """vLLM's own scheduler, served, measured and shut down before Feather's server starts."""
     log = tmp_path_factory.mktemp("vllm-default") / "server.log"
-    with Server(vllm_spec(str(require_model()), "fcfs"), log_path=log) as server:
+    with Server(vllm_spec(str(require_model()), "fcfs", FLOAT32), log_path=log) as server:
         return measure(server, "default", WORKLOAD, CONCURRENCY)
 
 
@@ -38,7 +43,7 @@ def state_path(tmp_path_factory) -> Path:
 def feather_server(tmp_path_factory, default_run, state_path):
     log = tmp_path_factory.mktemp("vllm-feather") / "server.log"
     options = {"state_path": str(state_path)}
-    server = Server(vllm_spec(str(require_model()), "feather", vllm_feather_args(options)), log_path=log)
+    server = Server(vllm_spec(str(require_model()), "feather", FLOAT32 + vllm_feather_args(options)), log_path=log)
     server.start()
     yield server
     server.stop()
