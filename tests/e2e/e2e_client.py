@@ -19,6 +19,12 @@ CHT_REQUESTS = "sglang:feather_tracked_requests"
 """Gauge of requests Feather's CHT tracks (waiting + active), labelled by `state`; 0 when idle."""
 FEATHER_CHECKS_EVERY_STEP = ("--feather-self-check-interval-s", "0")
 """Reconcile the CHT with SGLang's full picture at every scheduler step, so any drift shows in DRIFT."""
+FLOAT32 = ("--dtype", "float32")
+"""For tests that compare greedy outputs across servers. Scheduling must not change a result, but bfloat16 turns
+any change of batch shape into last-bit differences of the hidden states: on this random tiny model, where top-2
+logits often tie within a bfloat16 step, two servers whose batches differ only by timing flipped 2 of 450 greedy
+outputs on a loaded CI machine (and vLLM's twin test 1 of 200). In float32 such flips need ties 65,536 times
+closer, so a mismatch left is the scheduler's fault."""
 BUSY = ("sglang:num_running_reqs", "sglang:num_queue_reqs", CHT_REQUESTS)
 
 

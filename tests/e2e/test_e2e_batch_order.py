@@ -8,6 +8,7 @@ from conftest import serving
 from e2e_client import (
     DRIFT,
     FEATHER_CHECKS_EVERY_STEP,
+    FLOAT32,
     client_session,
     greedy_payload,
     shared_prefix_prompts,
@@ -20,11 +21,6 @@ NUM_REQUESTS = 250
 NUM_ABORTED = 25
 MAX_NEW_TOKENS = 16
 RUNNING_CAP = ("--max-running-requests", "64")
-FLOAT32 = ("--dtype", "float32")
-"""Reordering must not change a result, but bfloat16 turns any change of batch shape into last-bit differences
-of the hidden states: on this random tiny model, where top-2 logits often tie within a bfloat16 step, two
-servers whose batches differ only by timing flipped 2 of 450 greedy outputs on a loaded CI machine. In float32
-such flips need ties 65,536 times closer, so a mismatch left is the reordering's fault."""
 RETRACT_EVERY_3_STEPS = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "3"}
 """SGLang's own retraction test mode: every third decode step retracts a running request (back to the queue,
 its KV freed, re-prefilled later). A small KV pool did not do it here: with --max-total-tokens 2048 or 1024 and

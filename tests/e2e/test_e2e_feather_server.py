@@ -11,6 +11,7 @@ from e2e_client import (
     CHT_REQUESTS,
     DRIFT,
     FEATHER_CHECKS_EVERY_STEP,
+    FLOAT32,
     client_session,
     generate_all,
     greedy_payload,
@@ -30,8 +31,8 @@ ADMISSIONS = "sglang:feather_admissions_total"
 @pytest.fixture(scope="module")
 def fcfs_and_feather(tmp_path_factory, tiny_model):
     """One fcfs and one Feather server, started side by side, for the whole module."""
-    args = ("--max-running-requests", str(MAX_RUNNING), *FEATHER_CHECKS_EVERY_STEP)
-    policies = [("fcfs", ()), (POLICY, args)]
+    args = ("--max-running-requests", str(MAX_RUNNING), *FEATHER_CHECKS_EVERY_STEP, *FLOAT32)
+    policies = [("fcfs", FLOAT32), (POLICY, args)]
     with serving(tmp_path_factory.mktemp("feather-server"), tiny_model, policies) as servers:
         yield servers
 
