@@ -43,7 +43,9 @@ def state_path(tmp_path_factory) -> Path:
 def feather_server(tmp_path_factory, default_run, state_path):
     log = tmp_path_factory.mktemp("vllm-feather") / "server.log"
     options = {"state_path": str(state_path)}
-    server = Server(vllm_spec(str(require_model()), "feather", FLOAT32 + vllm_feather_args(options)), log_path=log)
+    server = Server(
+        vllm_spec(str(require_model()), "feather", FLOAT32 + vllm_feather_args(options)), log_path=log
+    )
     server.start()
     yield server
     server.stop()
