@@ -107,10 +107,9 @@ def test_streaming_input_sessions_are_refused_and_leave_no_trace():
 def test_vllm_resolves_the_dotted_name_and_importing_the_package_does_not_import_vllm():
     assert resolve_obj_by_qualname("sglang_feather.vllm.FeatherScheduler") is FeatherScheduler
     assert issubclass(FeatherScheduler, Scheduler)
-    probe = (
-        "import sys, sglang_feather.vllm as m; assert 'vllm' not in sys.modules, 'eager vllm import'; "
-        "m.FeatherScheduler; assert 'vllm' in sys.modules"
-    )
+    # The lazy half (the attribute imports vLLM) is the resolution above; a fresh process checks the eager
+    # half without importing vLLM itself (that import costs 15-25 CPU-seconds per venv).
+    probe = "import sys, sglang_feather.vllm; assert 'vllm' not in sys.modules, 'eager vllm import'"
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=300)
 
 
