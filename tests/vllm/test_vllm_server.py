@@ -23,7 +23,7 @@ FLOAT32 = ("--dtype", "float32")
 """Scheduling must not change a greedy output, but in bfloat16 any change of batch shape moves the hidden states
 by last bits, and on this random tiny model the top-2 logits often tie within a bfloat16 step: a CI run flipped
 1 of 200 outputs between the two schedulers (request 53). In float32 a flip needs a tie 65,536 times closer, so
-a mismatch left is the scheduler's fault (the SGLang twin, tests/e2e/test_e2e_batch_order.py, does the same)."""
+a mismatch left is the scheduler's fault (the SGLang tests' `FLOAT32`, tests/e2e/e2e_client.py, does the same)."""
 
 
 @pytest.fixture(scope="module")
