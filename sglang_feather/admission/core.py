@@ -16,7 +16,7 @@ from sglang_feather.admission.views import TreeViews
 from sglang_feather.cht import ChunkedHashTree
 from sglang_feather.policy import AgingGuard, make_policy
 from sglang_feather.policy.base import Decision, DecisionRecord, StoppingPolicy
-from sglang_feather.policy.context import is_forced
+from sglang_feather.policy.context import is_forced_case
 from sglang_feather.policy.persist import load_state
 from sglang_feather.types import RequestId
 
@@ -172,18 +172,23 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         one, or one that adds a group to a pass a STOP closed to new groups, stopped, without asking it).
         `headroom()` is the engine's KV room now (`KvHeadroom`; None or absent: unknown)."""
         candidate = pick.candidate
-        observation = observe(self.tree, self.footprint, candidate, batch_size, self.wait_s, headroom)
+        blind = self.stopper.blind_decision
+        observation = None
+        if blind is None:
+            observation = observe(self.tree, self.footprint, candidate, batch_size, self.wait_s, headroom)
+        adds_group = candidate.depth_running == 0
         if pick.is_aged:
             return Proposal(candidate, observation, Decision.ADD, is_aged=True)
-        if pick.is_deferred or (self._groups_closed and observation.adds_group):
+        if pick.is_deferred or (self._groups_closed and adds_group):
             return Proposal(candidate, observation, Decision.STOP, is_aged=False, is_deferred=True)
         if not self._decided_this_pass:
             self._decided_this_pass = True
             self._window.roll()
-        if not is_forced(observation):
+        if not is_forced_case(batch_size, adds_group, candidate.delta):
             self.stats.num_consults += 1
-            self.stats.num_group_consults += observation.adds_group
-        return Proposal(candidate, observation, self.stopper.decide(observation), is_aged=False)
+            self.stats.num_group_consults += adds_group
+        decision = blind if observation is None else self.stopper.decide(observation)
+        return Proposal(candidate, observation, decision, is_aged=False)
 
     def _is_due(self, request_id: RequestId) -> bool:
         """The aging guard serves this request now: it is due and no due request was admitted in this pass."""
@@ -222,7 +227,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
 
     def accept(self, proposal: Proposal) -> None:
         """The engine admitted the proposed request."""
-        self._activate(proposal.request_id)
+        self._activate(proposal.request_id, proposal.candidate.depth_running)
         self._in_flight.admitted(proposal.request_id)
         self.stats.num_admitted += 1
         self.stats.sum_delta += proposal.candidate.delta
@@ -231,7 +236,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
             self.stats.num_aged += 1
             self._aged_this_pass = True
             self.guard.admitted(wait_s)
-        else:
+        elif proposal.observation is not None:
             self._window.record(DecisionRecord(proposal.observation, Decision.ADD))
         self.guard.served(wait_s)
 
@@ -240,8 +245,9 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         under the new-groups stop scope a STOP on a candidate that adds a prefix group skips it and closes the
         rest of the pass to such candidates (True); otherwise the STOP ends the pass (False)."""
         self.stats.num_stops += 1
-        self._window.record(DecisionRecord(proposal.observation, Decision.STOP))
-        if self.stop_scope is StopScope.NEW_GROUPS and proposal.observation.adds_group:
+        if proposal.observation is not None:
+            self._window.record(DecisionRecord(proposal.observation, Decision.STOP))
+        if self.stop_scope is StopScope.NEW_GROUPS and proposal.adds_group:
             self._groups_closed = True
             self._suspend(proposal.request_id)
             return True

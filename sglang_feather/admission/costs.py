@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -59,12 +58,20 @@ def running_depth(tree: ChunkedHashTree, request_id: RequestId, min_holders: int
     return lo
 
 
+def _is_running_depth(tree: ChunkedHashTree, request_id: RequestId, depth: int, num_chunks: int) -> bool:
+    """Whether `depth` is `running_depth(tree, request_id, 1)`: held at `depth`, not one chunk deeper."""
+    if not 0 <= depth <= num_chunks:
+        return False
+    held = depth == 0 or tree.num_holding(request_id, depth) >= 1
+    return held and (depth == num_chunks or tree.num_holding(request_id, depth + 1) == 0)
+
+
 class RunningFootprint:
     """Prefix groups running and waiting, and the running requests' distinct chunks (see "how it works")."""
 
     def __init__(self) -> None:
-        self.running: Counter[ChunkHash] = Counter()
-        self.waiting: Counter[ChunkHash] = Counter()
+        self.running: dict[ChunkHash, int] = {}
+        self.waiting: dict[ChunkHash, int] = {}
         self.num_running_chunks = 0
 
     @property
@@ -78,21 +85,28 @@ class RunningFootprint:
 
     def waits(self, tree: ChunkedHashTree, request_id: RequestId) -> None:
         """The request started waiting (call after the tree knows it)."""
-        self.waiting[tree.prefix_hash(request_id)] += 1
+        group = tree.prefix_hash(request_id)
+        self.waiting[group] = self.waiting.get(group, 0) + 1
 
     def stops_waiting(self, tree: ChunkedHashTree, request_id: RequestId) -> None:
         """A waiting request leaves the queue without running (call while the tree still holds it)."""
         _decrement(self.waiting, tree.prefix_hash(request_id))
 
-    def joining(self, tree: ChunkedHashTree, request_id: RequestId) -> tuple[ChunkHash, int]:
+    def joining(
+        self, tree: ChunkedHashTree, request_id: RequestId, depth_hint: int | None = None
+    ) -> tuple[ChunkHash, int]:
         """A waiting request is about to run (ask before the tree activates it): its group and the chunks it
-        adds to the working set. `joined` applies them once the tree took the change."""
-        added = tree.num_chunks(request_id) - running_depth(tree, request_id, 1)
-        return tree.prefix_hash(request_id), added
+        adds to the working set. `joined` applies them once the tree took the change. `depth_hint` is what
+        its candidate said of its running depth: two probes confirm it, else it is searched for."""
+        num_chunks = tree.num_chunks(request_id)
+        depth = depth_hint
+        if depth is None or not _is_running_depth(tree, request_id, depth, num_chunks):
+            depth = running_depth(tree, request_id, 1)
+        return tree.prefix_hash(request_id), num_chunks - depth
 
     def joined(self, group: ChunkHash, num_chunks: int) -> None:
         _decrement(self.waiting, group)
-        self.running[group] += 1
+        self.running[group] = self.running.get(group, 0) + 1
         self.num_running_chunks += num_chunks
 
     def leaving(self, tree: ChunkedHashTree, request_id: RequestId) -> tuple[ChunkHash, int]:
@@ -106,10 +120,12 @@ class RunningFootprint:
         self.num_running_chunks -= num_chunks
 
 
-def _decrement(counter: Counter[ChunkHash], key: ChunkHash) -> None:
-    counter[key] -= 1
-    if counter[key] <= 0:
-        del counter[key]
+def _decrement(counts: dict[ChunkHash, int], key: ChunkHash) -> None:
+    num = counts.get(key, 0) - 1
+    if num > 0:
+        counts[key] = num
+    else:
+        counts.pop(key, None)
 
 
 def observe(
@@ -137,7 +153,7 @@ def observe(
         num_running_chunks=footprint.num_running_chunks,
         num_new_chunks=candidate.num_chunks - candidate.depth_running,
         num_missing=candidate.num_missing,
-        num_group_waiting=max(0, footprint.waiting[tree.prefix_hash(request_id)] - 1),
+        num_group_waiting=max(0, footprint.waiting.get(tree.prefix_hash(request_id), 0) - 1),
         oldest_wait_s=max(0.0, wait_s(oldest)) if oldest is not None else 0.0,
         kv_free_fraction=free if free is None or math.isfinite(free) else None,
     )

@@ -76,8 +76,8 @@ class Lifecycle:
         reconciling); no decision is recorded."""
         self._activate(request_id)
 
-    def _activate(self, request_id: RequestId) -> None:
-        change = self.footprint.joining(self.tree, request_id)
+    def _activate(self, request_id: RequestId, depth_hint: int | None = None) -> None:
+        change = self.footprint.joining(self.tree, request_id, depth_hint)
         self.tree.activate(request_id)
         self.footprint.joined(*change)
 

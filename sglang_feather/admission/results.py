@@ -31,7 +31,9 @@ class Pick:
 @dataclass(frozen=True)
 class Proposal:
     candidate: Candidate
-    observation: Observation
+    observation: Observation | None
+    """What the stopper was shown; None for a blind stopper (`StoppingPolicy.blind_decision`), which is
+    shown nothing."""
     decision: Decision
     is_aged: bool
     """The aging guard chose this request; the stopper was not asked."""
@@ -42,6 +44,11 @@ class Proposal:
     @property
     def request_id(self) -> RequestId:
         return self.candidate.request_id
+
+    @property
+    def adds_group(self) -> bool:
+        """The candidate's prefix group is not in the running batch (`Observation.adds_group`)."""
+        return self.candidate.depth_running == 0
 
 
 class StopReason(enum.Enum):

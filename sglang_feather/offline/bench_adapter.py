@@ -85,13 +85,16 @@ def tree_cache() -> str:
 
 def _restore(harness: AdapterHarness, result: PassResult, queue: list) -> list:
     """Put the admitted requests back at the end of the waiting queue, where SGLang puts retracted requests
-    (for Feather through the same retraction event SGLang raises); returns the queue for the next sample."""
+    (for Feather through the same retraction event SGLang raises); returns the queue for the next sample.
+    The rest of the queue goes back to its order before the pass, which undoes Feather's moves; SGLang itself
+    never reorders its queue outside `calc_priority`, so Feather's queue numbers are synced with it."""
     admitted = set(result.admitted)
     queue = [req for req in queue if req not in admitted] + list(result.admitted)
     harness.scheduler.waiting_queue = list(queue)
     if harness.is_feather:
         for req in result.admitted:
             harness.runtime.mirror.queued(req)
+        harness.runtime.mirror.sync(queue, harness.running, complete=False)
     return queue
 
 

@@ -7,6 +7,7 @@ from sglang_feather.policy.base import Decision, Observation, PolicyBase
 
 class AlwaysPolicy(PolicyBase):
     name = "always"
+    blind_decision = Decision.ADD
 
     def decide(self, obs: Observation) -> Decision:
         return Decision.ADD

@@ -115,6 +115,9 @@ class StoppingPolicy(Protocol):
     """
 
     name: str
+    blind_decision: Decision | None = None
+    """The decision of a stopper that never looks at its `Observation` and never learns (`always`: ADD);
+    the admission then builds no observation and records nothing for it. None: `decide` is asked."""
 
     def begin_pass(self) -> None:
         """A new scheduling pass starts (per-pass counters reset); learning state is untouched."""

@@ -81,7 +81,12 @@ def is_forced(obs: Observation) -> bool:
     batch mixes groups, so Δ is 0 for everyone and a Δ rule would never ask). The aging guard's admissions
     never reach the stopper (`Admission`).
     """
-    return obs.batch_size == 0 or (not obs.adds_group and obs.delta == 0)
+    return is_forced_case(obs.batch_size, obs.adds_group, obs.delta)
+
+
+def is_forced_case(batch_size: int, adds_group: bool, delta: int) -> bool:
+    """`is_forced` from the three fields it reads (for a caller that builds no `Observation`)."""
+    return batch_size == 0 or (not adds_group and delta == 0)
 
 
 def parse_context(raw: object) -> Context:

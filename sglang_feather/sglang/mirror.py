@@ -48,12 +48,18 @@ def num_tokens_of(req: Any) -> int:
     return len(req.origin_input_ids) + len(req.output_ids)
 
 
+class _QueueNumbers(dict):
+    """`Req` -> queue number; -1 for a `Req` not numbered. Its `__getitem__` is the bisection key: a C call."""
+
+    def __missing__(self, req: Any) -> int:
+        return -1
+
+
 @dataclass
 class _Entry:
     req: Any
     num_tokens: int
     first_hash: ChunkHash
-    seq: int = -1
 
 
 class QueueMirror:
@@ -62,6 +68,9 @@ class QueueMirror:
     def __init__(self, admission: Any) -> None:
         self.admission = admission
         self._entries: dict[Any, _Entry] = {}
+        self._seqs = _QueueNumbers()
+        self.seq = self._seqs.__getitem__
+        """`seq(req)`: `req`'s queue number (-1 for a `Req` the mirror does not track as this object)."""
         self._num_changes = 0
         self._next_seq = 0
 
@@ -81,11 +90,6 @@ class QueueMirror:
     def tracked(self) -> Iterable[Any]:
         return self._entries.keys()
 
-    def seq(self, req: Any) -> int:
-        """`req`'s queue number (-1 for a `Req` the mirror does not track as this object)."""
-        entry = self._entries.get(req.rid)
-        return entry.seq if entry is not None and entry.req is req else -1
-
     def queued(self, req: Any) -> None:
         """`req` entered SGLang's waiting queue (a new request, or a retracted one)."""
         self._ensure_waiting(req)
@@ -93,8 +97,8 @@ class QueueMirror:
 
     def _number(self, req: Any) -> None:
         entry = self._entries.get(req.rid)
-        if entry is not None:
-            entry.seq = self._next_seq
+        if entry is not None and entry.req is req:
+            self._seqs[req] = self._next_seq
             self._next_seq += 1
 
     def left(self, req: Any) -> bool:
@@ -165,11 +169,14 @@ class QueueMirror:
         else:
             self.admission.enqueue(req.rid, ids, namespace=namespace)
         first_hash = self.admission.prefix_hash(req.rid)
+        replaced = self._entries.get(req.rid)
+        if replaced is not None:
+            self._seqs.pop(replaced.req, None)
         self._entries[req.rid] = _Entry(req=req, num_tokens=num_tokens_of(req), first_hash=first_hash)
         self._num_changes += 1
         return True
 
     def _drop(self, rid: Any) -> None:
-        del self._entries[rid]
+        self._seqs.pop(self._entries.pop(rid).req, None)
         self._num_changes += 1
         self.admission.leave(rid)

@@ -284,3 +284,87 @@ def test_a_prefix_the_engine_has_cached_is_not_deferred():
     cached = {"a0": 0, "a1": len(GROUP_A), "a2": len(GROUP_A)}
     plan = adm.select(batch_size=0, cached_tokens=cached.__getitem__)
     assert plan.admitted == ("a0", "a1", "a2") and adm.stats.num_deferred == 0
+
+
+class _SeeingAlways:
+    """`always` as a stopper that is shown every observation (not blind), to compare with the blind path."""
+
+    name = "always-seeing"
+    blind_decision = None
+
+    def __init__(self):
+        self.num_seen = 0
+        self.inner = __import__("sglang_feather.policy.always", fromlist=["AlwaysPolicy"]).AlwaysPolicy()
+
+    def begin_pass(self):
+        return None
+
+    def decide(self, obs):
+        self.num_seen += 1
+        return Decision.ADD
+
+    def feedback(self, records, throughput):
+        return self.inner.feedback(records, throughput)
+
+    def state_dict(self):
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state):
+        self.inner.load_state_dict(state)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_blind_stopper_path_admits_and_counts_as_the_seeing_one(seed):
+    """`always` is blind (no observation is built for it); a stopper shown everything that always adds must
+    give the same admissions, consults, deferrals and rewards on the same events, cache events included."""
+    import random
+
+    rng = random.Random(seed)
+    blind, clock_a = make()
+    seeing, clock_b = make()
+    seeing.stopper = _SeeingAlways()
+    seeing._window.stopper = seeing.stopper
+    assert blind.stopper.blind_decision is Decision.ADD
+    groups = [[g] * rng.choice((8, 16, 24)) for g in range(1, 6)]
+    running: list[str] = []
+    for step in range(60):
+        for adm in (blind, seeing):
+            adm.clock.now += 0.05
+        for i in range(rng.randrange(4)):
+            prompt = rng.choice(groups) + [rng.randrange(100, 200) for _ in range(rng.randrange(1, 9))]
+            for adm in (blind, seeing):
+                adm.enqueue(f"{step}.{i}", prompt)
+        waiting = sorted(blind.tree.waiting_ids())
+        if waiting and rng.random() < 0.3:  # the engine caches the first chunks of a waiting request's prompt
+            hashes = blind.tree.path_hashes(rng.choice(waiting))[: rng.randrange(1, 4)]
+            for adm in (blind, seeing):
+                adm.cache_stored(hashes)
+        limit = rng.randrange(1, 5)
+        plans = [adm.select(len(running), max_requests=limit) for adm in (blind, seeing)]
+        assert plans[0] == plans[1]
+        running += plans[0].admitted
+        for adm in (blind, seeing):
+            adm.on_decode_step(len(running))
+        if running and rng.random() < 0.5:
+            done = running.pop(rng.randrange(len(running)))
+            for adm in (blind, seeing):
+                adm.finish(done)
+    a, b = blind.stats, seeing.stats
+    assert (
+        a.num_admitted,
+        a.num_consults,
+        a.num_group_consults,
+        a.num_deferred,
+        a.num_aged,
+        a.sum_delta,
+    ) == (
+        b.num_admitted,
+        b.num_consults,
+        b.num_group_consults,
+        b.num_deferred,
+        b.num_aged,
+        b.sum_delta,
+    )
+    assert (a.num_windows, a.sum_reward) == (b.num_windows, b.sum_reward)
+    assert a.num_admitted > 20 and a.num_consults > 0, "the run exercised admissions and consults"
+    assert seeing.stopper.num_seen == a.num_consults + (a.num_admitted - a.num_aged - a.num_consults)

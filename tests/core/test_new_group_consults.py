@@ -160,6 +160,13 @@ class FootprintMachine(RuleBasedStateMachine):
                 self.adm.activate(waiting[pick % len(waiting)])
 
     @precondition(lambda self: self.adm.num_waiting)
+    @rule(pick=st.integers(0, 100), hint=st.integers(-1, 40))
+    def activate_with_a_depth_hint(self, pick, hint):
+        """The running depth a candidate reports is only a hint to the footprint: a stale one is ignored."""
+        waiting = self.ids(RequestState.WAITING)
+        self.adm._activate(waiting[pick % len(waiting)], depth_hint=hint)
+
+    @precondition(lambda self: self.adm.num_waiting)
     @rule(pick=st.integers(0, 100), prompt=PROMPTS)
     def requeue_or_abort_waiting(self, pick, prompt):
         waiting = self.ids(RequestState.WAITING)

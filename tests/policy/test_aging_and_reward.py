@@ -1,9 +1,13 @@
 import math
+import statistics
+from collections import deque
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sglang_feather.policy import DEFAULT_MAX_WAIT_S, AgingGuard, RewardNormalizer
-from sglang_feather.policy.aging import LEAD_WINDOW
+from sglang_feather.policy.aging import LEAD_WINDOW, _median
 
 
 def test_aging_guard_fires_at_the_bound_and_not_before():
@@ -102,3 +106,8 @@ def test_normalizer_zero_throughput():
     norm = RewardNormalizer()
     assert norm.update(0.0) == 0.0
     assert norm.update(50.0) == 1.0
+
+
+@given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=LEAD_WINDOW))
+def test_the_guards_median_is_statistics_median(waits):
+    assert _median(deque(waits)) == statistics.median(waits)
