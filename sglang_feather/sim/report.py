@@ -29,6 +29,10 @@ class Summary:
     wait_p99_s: float
     wait_len_corr: float
     """Pearson correlation of queue wait (arrival to first admission) with prompt length; 0 if undefined."""
+    wait_len_corr_given_arrival: float
+    """The same correlation with the linear effect of arrival time taken out of both (partial correlation):
+    where prompts grow over a trace (chat: later turns are longer) and so does the load, waits track length
+    through time alone; this one is near 0 unless the schedule itself favours a length."""
     cache_hit_rate: float
     groups_per_decode_step: float
     mean_decode_batch: float
@@ -61,6 +65,19 @@ def _corr(xs: list[float], ys: list[float]) -> float:
     if len(xs) < 2 or np.std(xs) == 0 or np.std(ys) == 0:
         return 0.0
     return float(np.corrcoef(xs, ys)[0, 1])
+
+
+def _partial_corr(xs: list[float], ys: list[float], zs: list[float]) -> float:
+    """corr(xs, ys) after removing from both their least-squares line in zs; 0 if undefined."""
+    if len(xs) < 3 or np.std(zs) == 0:
+        return _corr(xs, ys)
+    basis = np.column_stack([np.asarray(zs, dtype=float), np.ones(len(zs))])
+
+    def residual(values: list[float]) -> np.ndarray:
+        v = np.asarray(values, dtype=float)
+        return v - basis @ np.linalg.lstsq(basis, v, rcond=None)[0]
+
+    return _corr(list(residual(xs)), list(residual(ys)))
 
 
 def summarize(policy: str, log: RunLog) -> Summary:
@@ -96,6 +113,9 @@ def summarize(policy: str, log: RunLog) -> Summary:
         wait_p50_s=_pct(wait, 50),
         wait_p99_s=_pct(wait, 99),
         wait_len_corr=_corr(wait, [r.prompt_len for r in reqs]),
+        wait_len_corr_given_arrival=_partial_corr(
+            wait, [r.prompt_len for r in reqs], [r.arrival_s for r in reqs]
+        ),
         cache_hit_rate=log.cache_hit_tokens / filled if filled else 0.0,
         groups_per_decode_step=float(np.mean([s.num_groups for s in decode])) if decode else 0.0,
         mean_decode_batch=float(np.mean([s.batch_size for s in decode])) if decode else 0.0,
@@ -126,6 +146,7 @@ COLUMNS = (
     ("wait_p99_s", "wait p99 s", "{:.2f}"),
     ("max_queue_wait_s", "max wait s", "{:.2f}"),
     ("wait_len_corr", "corr(wait,len)", "{:.2f}"),
+    ("wait_len_corr_given_arrival", "corr(wait,len|arrival)", "{:.2f}"),
     ("cache_hit_rate", "hit", "{:.1%}"),
     ("groups_per_decode_step", "groups/step", "{:.2f}"),
     ("mean_decode_batch", "batch", "{:.0f}"),

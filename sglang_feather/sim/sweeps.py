@@ -185,6 +185,7 @@ METRICS = (
     ("wait_p99_s", "wait p99 s", "{:.2f}"),
     ("max_queue_wait_s", "max wait s", "{:.1f}"),
     ("wait_len_corr", "corr(wait,len)", "{:.2f}"),
+    ("wait_len_corr_given_arrival", "corr(wait,len|arrival)", "{:.2f}"),
     ("num_wait_over", "waits > 20 s", "{:.0f}"),
     ("groups_per_decode_step", "groups/step", "{:.1f}"),
 )
@@ -256,7 +257,10 @@ def table(rows: list[dict], policies: tuple[str, ...], metrics=METRICS) -> str:
         for policy in policies:
             mine = [r for r in rows if r["case"] == case and r["policy"] == policy]
             if mine:
-                cells = [_cell([r[k] for r in mine], fmt) for k, _, fmt in metrics]
+                cells = [
+                    _cell([r[k] for r in mine], fmt) if all(k in r for r in mine) else "–"
+                    for k, _, fmt in metrics
+                ]
                 lines.append("| " + " | ".join([case, policy, *cells]) + " |")
     return "\n".join(lines)
 
