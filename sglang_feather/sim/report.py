@@ -146,7 +146,7 @@ COLUMNS = (
     ("wait_p99_s", "wait p99 s", "{:.2f}"),
     ("max_queue_wait_s", "max wait s", "{:.2f}"),
     ("wait_len_corr", "corr(wait,len)", "{:.2f}"),
-    ("wait_len_corr_given_arrival", "corr(wait,len|arrival)", "{:.2f}"),
+    ("wait_len_corr_given_arrival", "corr(wait,len) given arrival", "{:.2f}"),
     ("cache_hit_rate", "hit", "{:.1%}"),
     ("groups_per_decode_step", "groups/step", "{:.2f}"),
     ("mean_decode_batch", "batch", "{:.0f}"),

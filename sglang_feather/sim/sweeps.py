@@ -185,7 +185,7 @@ METRICS = (
     ("wait_p99_s", "wait p99 s", "{:.2f}"),
     ("max_queue_wait_s", "max wait s", "{:.1f}"),
     ("wait_len_corr", "corr(wait,len)", "{:.2f}"),
-    ("wait_len_corr_given_arrival", "corr(wait,len|arrival)", "{:.2f}"),
+    ("wait_len_corr_given_arrival", "corr(wait,len) given arrival", "{:.2f}"),
     ("num_wait_over", "waits > 20 s", "{:.0f}"),
     ("groups_per_decode_step", "groups/step", "{:.1f}"),
 )
