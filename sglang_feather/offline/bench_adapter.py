@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sglang_feather.admission import AdmissionConfig
+from sglang_feather.admission.config import DEFAULT_STOPPER
 from sglang_feather.bench.timing import frozen_heap, gc_disabled
 from sglang_feather.bench.workloads import ZipfGroups
 from sglang_feather.offline.adapter_harness import AdapterHarness, PassResult
@@ -27,9 +28,9 @@ from sglang_feather.sglang.options import FEATHER, FeatherOptions
 # A decode-step sample is the mean of `decode_block` calls of Feather's end-of-step hook on a decode plan of the R running requests.
 
 BASELINE = "dfs-weight"
-STOPPER = "static"
-"""The paper's fixed thresholds: a learning stopper (`ucb`) rewarded by this model-free loop's meaningless
-decode rates soon stops at the first candidate, and a pass that admits nothing is no comparison."""
+STOPPER = DEFAULT_STOPPER
+"""Feather's default, as a server runs it (`always`). A learning stopper (`ucb`) is no comparison here: rewarded
+by this model-free loop's meaningless decode rates it soon stops at the first candidate."""
 NUM_GROUPS = 64
 ZIPF_ALPHA = 1.0
 MAX_NEW_TOKENS = 128

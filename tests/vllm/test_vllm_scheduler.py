@@ -315,6 +315,7 @@ def test_the_stopper_sees_vllms_kv_headroom_and_the_group_a_candidate_adds():
     driver = feather(EngineShape(max_num_seqs=8, feather=ALWAYS))
     seen = []
     stopper = driver.scheduler.admission.stopper
+    stopper.blind_decision = None  # `always` is blind (shown nothing); this one is shown every observation
     decide = stopper.decide
     stopper.decide = lambda obs: seen.append(obs) or decide(obs)
     driver.add("a0", prompt(0, 4, 0, 5), max_tokens=3)
