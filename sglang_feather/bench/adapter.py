@@ -162,7 +162,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=7, help="pass samples per side and cell (default 7)")
     parser.add_argument("--decode-block", type=int, default=200, help="decode-step hook calls per sample")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--stopper", help="Feather's stopper (default: Feather's own, always; see bench_adapter.STOPPER)")
+    parser.add_argument(
+        "--stopper", help="Feather's stopper (default: Feather's own, always; see bench_adapter.STOPPER)"
+    )
     add_json_flag(parser)
 
 
