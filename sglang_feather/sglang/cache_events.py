@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import xxhash
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 GPU_MEDIUM = "GPU"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Run:
     """One stored chain of pages."""
 
@@ -49,10 +50,11 @@ class _Run:
     chunks: dict[int, ChunkHash] = field(default_factory=dict)
     """End offset -> hash of every chunk that ends inside this run."""
     positions: dict[int, int] | None = None
-    num_live: int = 0
 
     def index(self, page: int) -> int:
         if self.positions is None:
+            if self.pages[0] == page:  # a whole chain evicted: no map needed
+                return 0
             self.positions = dict(zip(self.pages, range(len(self.pages)), strict=True))
         return self.positions[page]
 
@@ -122,7 +124,6 @@ class EventTranslator:
             self.counts.num_skipped += 1  # bigram (EAGLE) pages carry token pairs
             return
         run = _Run(start, state.copy(), chunk_before, tokens, list(event.block_hashes), event.block_size)
-        run.num_live = len(run.pages)
         end = start + len(tokens) // 4
         chain = []
         offset = start
@@ -141,20 +142,41 @@ class EventTranslator:
         if not _on_device(event):
             self.counts.num_skipped += 1
             return
-        chunk = self.chunk_size
-        gone = []
-        for page in event.block_hashes:
-            run = self._runs.pop(page, None)
+        pages = list(event.block_hashes)
+        runs = list(map(self._runs.pop, pages, repeat(None, len(pages))))
+        gone: dict[ChunkHash, None] = {}
+        i = 0
+        while i < len(pages):
+            run = runs[i]
             if run is None:
+                i += 1
                 continue
-            first = run.start + run.index(page) * run.page_size
-            chunk_hash = run.chunks.get(first - first % chunk + chunk)
-            if chunk_hash is not None:
-                gone.append(chunk_hash)
-            run.num_live -= 1
+            i += self._uncache_span(run, pages, runs, i, gone)
         self.counts.num_removed += 1
         if gone:
-            self.admission.cache_removed(gone)
+            self.admission.cache_removed(list(gone))
+
+    def _uncache_span(
+        self, run: _Run, pages: list[int], runs: list[_Run | None], i: int, gone: dict[ChunkHash, None]
+    ) -> int:
+        """Collect the chunks that evicting `pages[i:]` uncaches while they are consecutive pages of `run`
+        (SGLang lists an evicted node's pages in order); returns how many pages that was (at least 1). Each
+        page uncaches the chunk its first token belongs to, so a span takes one step per chunk (a chunk is a
+        whole number of pages), and the span is found by C-level slice comparisons, not a loop per page."""
+        chunk, size = self.chunk_size, run.page_size
+        first = run.index(pages[i])
+        span = min(len(run.pages) - first, len(pages) - i)
+        if span > 1 and not (
+            runs[i : i + span].count(run) == span and pages[i : i + span] == run.pages[first : first + span]
+        ):
+            span = 1
+        lo = run.start + first * size
+        hi = run.start + (first + span - 1) * size
+        for boundary in range(lo - lo % chunk + chunk, hi - hi % chunk + chunk + 1, chunk):
+            chunk_hash = run.chunks.get(boundary)
+            if chunk_hash is not None:
+                gone[chunk_hash] = None
+        return span
 
     def _cleared(self, _event: Any) -> None:
         self._runs.clear()
