@@ -148,7 +148,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
             candidate = tree.best()
             if candidate is None:
                 return None
-            if self._groups_closed and candidate.depth_running == 0:
+            if self._groups_closed and candidate.adds_group:
                 if candidate.depth_cached == 0:
                     return None  # nothing covered: every request left is a stranger, a new group too
                 self._hold_back(candidate.request_id)
@@ -176,7 +176,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         observation = None
         if blind is None:
             observation = observe(self.tree, self.footprint, candidate, batch_size, self.wait_s, headroom)
-        adds_group = candidate.depth_running == 0
+        adds_group = candidate.adds_group
         if pick.is_aged:
             return Proposal(candidate, observation, Decision.ADD, is_aged=True)
         if pick.is_deferred or (self._groups_closed and adds_group):
@@ -247,7 +247,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         self.stats.num_stops += 1
         if proposal.observation is not None:
             self._window.record(DecisionRecord(proposal.observation, Decision.STOP))
-        if self.stop_scope is StopScope.NEW_GROUPS and proposal.adds_group:
+        if self.stop_scope is StopScope.NEW_GROUPS and proposal.candidate.adds_group:
             self._groups_closed = True
             self._suspend(proposal.request_id)
             return True

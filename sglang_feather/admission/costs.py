@@ -148,7 +148,7 @@ def observe(
         num_sharing=candidate.num_sharing,
         num_waiting=tree.num_waiting,
         wait_s=wait_s(request_id),
-        adds_group=candidate.depth_running == 0,
+        adds_group=candidate.adds_group,
         num_groups_running=footprint.num_groups,
         num_running_chunks=footprint.num_running_chunks,
         num_new_chunks=candidate.num_chunks - candidate.depth_running,

@@ -45,11 +45,6 @@ class Proposal:
     def request_id(self) -> RequestId:
         return self.candidate.request_id
 
-    @property
-    def adds_group(self) -> bool:
-        """The candidate's prefix group is not in the running batch (`Observation.adds_group`)."""
-        return self.candidate.depth_running == 0
-
 
 class StopReason(enum.Enum):
     STOPPER = "stopper"

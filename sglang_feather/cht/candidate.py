@@ -30,3 +30,8 @@ class Candidate:
     @property
     def delta(self) -> int:
         return self.depth_before - self.depth_after
+
+    @property
+    def adds_group(self) -> bool:
+        """No running request holds even its first chunk: admitting it adds a prefix group to the batch."""
+        return self.depth_running == 0

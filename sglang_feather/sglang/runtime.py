@@ -235,7 +235,7 @@ class FeatherRuntime(QueueSlots):
         num_consults = self.admission.stats.num_consults
         proposal = self.admission.decide(pick, batch_size, headroom)
         if self.metrics is not None and self.admission.stats.num_consults > num_consults:
-            self.metrics.consulted(proposal.adds_group)
+            self.metrics.consulted(proposal.candidate.adds_group)
         return proposal
 
     def _cached_tokens(self, rid: Any) -> int:
