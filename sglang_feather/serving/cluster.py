@@ -56,12 +56,17 @@ class ClusterRun:
     """SMG's cache_aware decisions by branch (`tree_match`, `spill`, `expected_wait_fallback`)."""
 
 
-def worker_servers(spec: ClusterSpec, out_dir: Path, python: str) -> list[Server]:
+def worker_servers(spec: ClusterSpec, out_dir: Path, python: str, startup_timeout_s: float) -> list[Server]:
     server_spec = ServerSpec(
         spec.model, spec.policy, device=spec.device, extra_args=REQUEST_LOG_ARGS + spec.worker_args
     )
     return [
-        Server(server_spec, log_path=out_dir / f"worker{i}.log", python=python, startup_timeout_s=300.0)
+        Server(
+            server_spec,
+            log_path=out_dir / f"worker{i}.log",
+            python=python,
+            startup_timeout_s=startup_timeout_s,
+        )
         for i in range(spec.num_workers)
     ]
 
@@ -85,10 +90,12 @@ def run_cluster(
     *,
     tokenizer: str | None = None,
     python: str = sys.executable,
+    startup_timeout_s: float = 300.0,
 ) -> ClusterRun:
-    """Start the workers side by side, then SMG, run bench_serving through SMG, and stop everything."""
+    """Start the workers side by side, then SMG, run bench_serving through SMG, and stop everything;
+    `startup_timeout_s` bounds each worker's wait to be healthy."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    servers = worker_servers(spec, out_dir, python)
+    servers = worker_servers(spec, out_dir, python, startup_timeout_s)
     try:
         for server in servers:
             server.launch()

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_feather.serving.metrics import MetricsSnapshot, scrape
+from sglang_feather.serving.ports import reserve_port
 from sglang_feather.serving.process import ProcessGroup
-from sglang_feather.serving.server import ServerStartError, free_port
+from sglang_feather.serving.server import ServerStartError
 
 SMG_VERSION = "1.13.0"
 """The router release this harness was written against (requirements/sglang-cpu.txt pins it)."""
@@ -64,8 +65,9 @@ class Router:
     ) -> None:
         self.spec = spec
         self.worker_urls = tuple(worker_urls)
-        self.port = spec.port or free_port()
-        self.metrics_port = free_port()
+        self._reservations = [reserve_port(), reserve_port()]
+        self.port = spec.port or self._reservations[0].port
+        self.metrics_port = self._reservations[1].port
         self.log_path = log_path
         self.python = python
         self.startup_timeout_s = startup_timeout_s
@@ -121,6 +123,8 @@ class Router:
                 group.stop(grace_s=10.0)
             except subprocess.SubprocessError:
                 pass
+        for reservation in self._reservations:
+            reservation.release()
 
     def __enter__(self) -> Router:
         self.start()

@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sglang_feather.serving.ports import PortReservation, reserve_port
 from sglang_feather.serving.process import ProcessGroup
 
 
@@ -24,6 +24,16 @@ class ServerStartError(RuntimeError):
         super().__init__(f"{message}\n--- server log (tail) ---\n{log_tail}")
         self.exit_code = exit_code
         self.log_tail = log_tail
+
+
+class PortTaken(ServerStartError):
+    """Something else bound the server's port before it did (its log says so)."""
+
+
+BIND_FAILURE = "address already in use"
+"""What uvicorn logs (`[Errno 98] ... address already in use`) when the port is taken, for SGLang and vLLM."""
+MAX_LAUNCHES = 3
+"""Launches on fresh ports before a taken port is reported (only when the harness chose the port)."""
 
 
 @dataclass(frozen=True)
@@ -158,12 +168,6 @@ ENGINES: dict[str, Engine] = {
 }
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def lookup_engine(spec: ServerSpec) -> tuple[Engine, DeviceProfile]:
     if spec.engine not in ENGINES:
         raise ValueError(f"unknown engine {spec.engine!r}; known: {sorted(ENGINES)}")
@@ -187,7 +191,8 @@ class Server:
     ) -> None:
         self.spec = spec
         self.engine, self.device = lookup_engine(spec)
-        self.port = spec.port or free_port()
+        self._reservation: PortReservation | None = None
+        self.port = spec.port or self._reserve()
         self.log_path = log_path
         self.python = python
         self.startup_timeout_s = startup_timeout_s
@@ -195,6 +200,7 @@ class Server:
         self.startup_s: float | None = None
         self._group: ProcessGroup | None = None
         self._began = 0.0
+        self._log_offset = 0
 
     @property
     def base_url(self) -> str:
@@ -209,7 +215,8 @@ class Server:
         ]
 
     def start(self) -> float:
-        """Launch and block until the health endpoint answers 200; returns the seconds it took."""
+        """Launch and block until the health endpoint answers 200; returns the seconds it took (relaunches
+        on a fresh port included)."""
         self.launch()
         return self.wait_ready()
 
@@ -217,14 +224,24 @@ class Server:
         """Start the process group without waiting (several servers can then warm up side by side)."""
         if self._group is not None:
             raise RuntimeError(f"server for {self.spec.policy!r} already launched")
-        env = {**self.base_env, **self.device.env, **self.spec.env}
+        if self.spec.port is None and self._reservation is None:
+            self.port = self._reserve()
         self._began = time.monotonic()
-        self._group = ProcessGroup(self.argv, env=env, log_path=self.log_path)
+        self._spawn()
 
     def wait_ready(self) -> float:
-        """Block until healthy (stopping the group and raising ServerStartError otherwise)."""
+        """Block until healthy (stopping the group and raising ServerStartError otherwise). A port taken
+        before the server bound it starts the server again on a fresh one, up to MAX_LAUNCHES in all, unless
+        the spec named the port."""
         try:
-            self._wait_healthy(self._began)
+            for launch in range(1, MAX_LAUNCHES + 1):
+                try:
+                    self._wait_healthy(time.monotonic() if launch > 1 else self._began)
+                    break
+                except PortTaken:
+                    if self.spec.port is not None or launch == MAX_LAUNCHES:
+                        raise
+                    self._relaunch_on_a_fresh_port()
         except BaseException:
             self.stop()
             raise
@@ -234,6 +251,7 @@ class Server:
     def stop(self, grace_s: float = 60.0) -> int | None:
         """Stop the process group; the server's exit code (None if it had to be killed and did not exit)."""
         if self._group is None:
+            self._release()
             return None
         group, self._group = self._group, None
         if self.engine.stop_leader_first and group.poll() is None:
@@ -242,7 +260,9 @@ class Server:
                 group.wait(grace_s)
             except subprocess.TimeoutExpired:
                 pass
-        return group.stop()
+        exit_code = group.stop()
+        self._release()
+        return exit_code
 
     def is_running(self) -> bool:
         return self._group is not None and self._group.poll() is None
@@ -257,12 +277,47 @@ class Server:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
+    def _reserve(self) -> int:
+        self._reservation = reserve_port()
+        return self._reservation.port
+
+    def _release(self) -> None:
+        if self._reservation is not None:
+            self._reservation.release()
+            self._reservation = None
+
+    def _spawn(self) -> None:
+        env = {**self.base_env, **self.device.env, **self.spec.env}
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self._group = ProcessGroup(self.argv, env=env, log_path=self.log_path)
+
+    def _relaunch_on_a_fresh_port(self) -> None:
+        assert self._group is not None
+        group, self._group = self._group, None
+        group.stop()
+        taken, self.port = self.port, self._reserve()
+        with open(self.log_path, "a") as log:
+            log.write(f"--- sglang-feather: port {taken} was taken; starting again on {self.port} ---\n")
+        self._spawn()
+
+    def _bind_failed(self) -> bool:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self._log_offset)
+                return BIND_FAILURE in log.read().decode(errors="replace").lower()
+        except FileNotFoundError:
+            return False
+
     def _wait_healthy(self, began: float) -> None:
         if self._group is None:
             raise RuntimeError("wait_ready() before launch()")
         url = self.base_url + self.engine.health_path
         while True:
             exit_code = self._group.poll()
+            if self._bind_failed():
+                raise PortTaken(
+                    f"port {self.port} was taken before the server bound it", exit_code, self.log_tail()
+                )
             if exit_code is not None:
                 raise ServerStartError(
                     f"{self.spec.engine} server (policy {self.spec.policy!r}) exited with code {exit_code} "

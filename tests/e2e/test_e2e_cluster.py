@@ -38,7 +38,9 @@ ADMISSIONS = "sglang:feather_admissions_total"
 
 def test_feather_workers_behind_smg_serve_every_request_and_keep_groups_together(tmp_path, tiny_model):
     spec = ClusterSpec(tiny_model, "feather", worker_args=FEATHER_CHECKS_EVERY_STEP, router=NO_SPILL_GATE)
-    run = run_cluster(spec, WORKLOAD, BenchConfig(max_concurrency=64), tmp_path)
+    run = run_cluster(
+        spec, WORKLOAD, BenchConfig(max_concurrency=64), tmp_path, startup_timeout_s=STARTUP_TIMEOUT_S
+    )
 
     assert run.bench.completed == WORKLOAD.num_requests
     assert sum(w.requests for w in run.workers) == WORKLOAD.num_requests + 1  # bench_serving's warmup
