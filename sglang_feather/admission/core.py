@@ -10,10 +10,12 @@ from sglang_feather.admission.config import AdmissionConfig, StopScope
 from sglang_feather.admission.costs import Headroom, RunningFootprint, observe
 from sglang_feather.admission.deferral import InFlightCheck
 from sglang_feather.admission.lifecycle import Lifecycle
+from sglang_feather.admission.plan import PassPlan, PlannedPick
 from sglang_feather.admission.results import AdmissionPlan, AdmissionStats, Pick, Proposal, StopReason
 from sglang_feather.admission.rewards import LearningHooks, RewardWindow
 from sglang_feather.admission.views import TreeViews
 from sglang_feather.cht import ChunkedHashTree
+from sglang_feather.cht import Candidate
 from sglang_feather.policy import AgingGuard, make_policy
 from sglang_feather.policy.base import Decision, DecisionRecord, StoppingPolicy
 from sglang_feather.policy.context import is_forced_case
@@ -43,7 +45,8 @@ logger = logging.getLogger(__name__)
 # `decide(pick, batch_size)` asks the stopper when it gets there, so the pick and the decision come from one
 # view of the cache. The decisions are rewarded by the decode throughput of the window their pass opened
 # (`rewards`). Lifecycle events (`finish`, `abort`, `leave`, `retract`, `requeue`) keep the CHT equal to the
-# engine's queues.
+# engine's queues. With a stopper that adds without looking, a pass can also be planned ahead: `plan_ahead`
+# takes the next picks at once and `settle` books what the engine admitted (plan.py).
 
 
 class Admission(Lifecycle, TreeViews, LearningHooks):
@@ -82,6 +85,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         self.stop_scope = stop_scope
         self._groups_closed = False
         """A STOP under the new-groups scope closed this pass to candidates that add a prefix group."""
+        self._plan: PassPlan | None = None
         if state_path is not None:
             load_state(stopper, state_path, tag=self.state_tag)
 
@@ -104,6 +108,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
 
     def begin_pass(self) -> None:
         """A new scheduling pass starts (stoppers with per-pass state reset it)."""
+        self._drop_plan()
         self._resume_skipped()
         self.stopper.begin_pass()
         self._in_flight.reset()
@@ -112,7 +117,9 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         self._groups_closed = False
 
     def end_pass(self) -> None:
-        """The pass is over: requests skipped in it compete again."""
+        """The pass is over: requests skipped in it compete again (a plan not settled is undone, as if the
+        engine admitted none of it)."""
+        self._drop_plan()
         self._resume_skipped()
         self._in_flight.reset()
         self._aged_this_pass = False
@@ -135,12 +142,18 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         """The request `propose()` would offer next, without asking the stopper: a due request once the oldest
         is due (one per pass), else the CHT's best; requests in flight are skipped for the pass. None when
         nothing (not skipped) waits."""
+        return self._next_pick(self.guard, self._aged_this_pass, cached_tokens)
+
+    def _next_pick(
+        self, guard: AgingGuard, is_aged: bool, cached_tokens: Callable[[RequestId], int] | None
+    ) -> Pick | None:
+        """`next_pick` as it would be with `guard` and, when `is_aged`, a due request already admitted."""
         tree = self.tree
         oldest = tree.oldest()
         if oldest is None:
             return None
-        if self._is_due(oldest):
-            due = tree.candidate(self._due_request(oldest))
+        if self._is_due(oldest, guard, is_aged):
+            due = tree.candidate(self._due_request(oldest, guard, is_aged))
             if not self._in_flight.is_in_flight(tree, due, cached_tokens):
                 return Pick(due, is_aged=True)
             self._skip(due.request_id)  # its prefix is being computed: it is due again next pass
@@ -181,24 +194,34 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
             return Proposal(candidate, observation, Decision.ADD, is_aged=True)
         if pick.is_deferred or (self._groups_closed and adds_group):
             return Proposal(candidate, observation, Decision.STOP, is_aged=False, is_deferred=True)
-        if not self._decided_this_pass:
-            self._decided_this_pass = True
-            self._window.roll()
-        if not is_forced_case(batch_size, adds_group, candidate.delta):
-            self.stats.num_consults += 1
-            self.stats.num_group_consults += adds_group
+        self._count_decision(candidate, batch_size)
         decision = blind if observation is None else self.stopper.decide(observation)
         return Proposal(candidate, observation, decision, is_aged=False)
 
-    def _is_due(self, request_id: RequestId) -> bool:
-        """The aging guard serves this request now: it is due and no due request was admitted in this pass."""
-        return not self._aged_this_pass and self.guard.is_starved(self.wait_s(request_id))
+    def _count_decision(self, candidate: Candidate, batch_size: int) -> None:
+        """A stopper decision on a pick that is neither aged nor deferred: the pass's first one rolls the
+        reward window; one the stopper had a choice on counts as a consult."""
+        if not self._decided_this_pass:
+            self._decided_this_pass = True
+            self._window.roll()
+        if not is_forced_case(batch_size, candidate.adds_group, candidate.delta):
+            self.stats.num_consults += 1
+            self.stats.num_group_consults += candidate.adds_group
 
-    def _due_request(self, oldest: RequestId) -> RequestId:
+    def _is_due(
+        self, request_id: RequestId, guard: AgingGuard | None = None, is_aged: bool | None = None
+    ) -> bool:
+        """The aging guard serves this request now: it is due and no due request was admitted in this pass
+        (`guard` and `is_aged` stand in for the admission's own while a pass is planned ahead)."""
+        if self._aged_this_pass if is_aged is None else is_aged:
+            return False
+        return (guard or self.guard).is_starved(self.wait_s(request_id))
+
+    def _due_request(self, oldest: RequestId, guard: AgingGuard, is_aged: bool) -> RequestId:
         """The request the guard serves when `oldest` is due: the oldest one with nothing covered if it is due
         too (the ranking serves it last; a covered request's group keeps being served), else `oldest`."""
         stranger = self.tree.oldest_stranger()
-        if stranger is not None and stranger != oldest and self._is_due(stranger):
+        if stranger is not None and stranger != oldest and self._is_due(stranger, guard, is_aged):
             return stranger
         return oldest
 
@@ -228,16 +251,19 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
     def accept(self, proposal: Proposal) -> None:
         """The engine admitted the proposed request."""
         self._activate(proposal.request_id, proposal.candidate.depth_running)
-        self._in_flight.admitted(proposal.request_id)
+        if not proposal.is_aged and proposal.observation is not None:
+            self._window.record(DecisionRecord(proposal.observation, Decision.ADD))
+        self._admitted(proposal.candidate, proposal.is_aged, self.wait_s(proposal.request_id))
+
+    def _admitted(self, candidate: Candidate, is_aged: bool, wait_s: float) -> None:
+        """An admission's bookkeeping once the tree runs the request: stats, the in-flight check, the guard."""
+        self._in_flight.admitted(candidate.request_id)
         self.stats.num_admitted += 1
-        self.stats.sum_delta += proposal.candidate.delta
-        wait_s = self.wait_s(proposal.request_id)
-        if proposal.is_aged:
+        self.stats.sum_delta += candidate.delta
+        if is_aged:
             self.stats.num_aged += 1
             self._aged_this_pass = True
             self.guard.admitted(wait_s)
-        elif proposal.observation is not None:
-            self._window.record(DecisionRecord(proposal.observation, Decision.ADD))
         self.guard.served(wait_s)
 
     def decline(self, proposal: Proposal) -> bool:
@@ -256,6 +282,93 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
     def withdraw(self, proposal: Proposal) -> None:
         """The engine's own budget refused a request the stopper would have added: nothing is learned."""
         self.stats.num_withdrawn += 1
+
+    # ----------------------------------------------------------------- a pass planned ahead (plan.py)
+
+    @property
+    def can_plan(self) -> bool:
+        """Whether passes can be planned ahead: the stopper adds without looking (`blind_decision` ADD) and
+        the in-flight check asks the engine nothing (it reads the cache tier, or is off)."""
+        return self.stopper.blind_decision is Decision.ADD and not self._in_flight.needs_engine
+
+    def plan_ahead(self, batch_size: int, max_picks: int) -> list[Pick]:
+        """Up to `max_picks` more picks of this pass, each taken as `next_pick` takes it once the picks before
+        it were accepted, and activated in the tree; `batch_size` is what runs when the pass began (read on
+        the pass's first call). Empty when nothing (not skipped) is left. Needs `can_plan`; `settle` ends it."""
+        if not self.can_plan:
+            raise ValueError("plan_ahead needs a stopper that adds without looking and no engine-asked check")
+        plan = self._plan
+        if plan is None:
+            plan = self._plan = PassPlan(self.guard.clone(), self._aged_this_pass, batch_size)
+        tree, skipped, picks = self.tree, self._skipped, plan.picks
+        taken: list[Pick] = []
+        while len(taken) < max_picks and not plan.is_exhausted:
+            mark = len(skipped)
+            pick = self._next_pick(plan.guard, plan.is_aged, None)
+            if pick is None:
+                plan.tail_skipped = tuple(skipped[mark:])
+                plan.is_exhausted = True
+                break
+            candidate = pick.candidate
+            rid = candidate.request_id
+            group, num_new = self.footprint.joining(tree, rid, candidate.depth_running)
+            tree.activate(rid)
+            wait_s = self.wait_s(rid)
+            if pick.is_aged:
+                plan.guard.admitted(wait_s)
+                plan.is_aged = True
+            plan.guard.served(wait_s)
+            size = plan.batch_size + len(picks)
+            picks.append(PlannedPick(pick, size, group, num_new, wait_s, tuple(skipped[mark:])))
+            taken.append(pick)
+        return taken
+
+    @property
+    def num_planned(self) -> int:
+        return 0 if self._plan is None else len(self._plan.picks)
+
+    def settle(self, num_admitted: int, refused: bool) -> list[PlannedPick]:
+        """The engine admitted the first `num_admitted` planned picks (`refused`: its loop reached the next one
+        and its budget refused it). Books them as `decide` and `accept` would have, counts the refused one as
+        withdrawn, undoes the rest (plan.py); returns the admitted ones. The pass may go on step by step."""
+        plan = self._plan
+        picks = plan.picks if plan is not None else []
+        if not 0 <= num_admitted <= len(picks):
+            raise ValueError(f"settle: {num_admitted} admitted of {len(picks)} planned picks")
+        if plan is None:
+            return []
+        self._plan = None
+        for planned in reversed(picks[num_admitted:]):
+            self.tree.deactivate(planned.request_id)
+        undone = [planned.skipped for planned in picks[num_admitted + 1 :]]
+        if num_admitted < len(picks):
+            undone.append(plan.tail_skipped)
+        for skipped in undone:
+            for rid in skipped:
+                self._unskip(rid)
+        admitted = picks[:num_admitted]
+        for planned in admitted:
+            pick = planned.pick
+            if not pick.is_aged:
+                self._count_decision(pick.candidate, planned.batch_size)
+            self.footprint.joined(planned.group, planned.num_new_chunks)
+            self._admitted(pick.candidate, pick.is_aged, planned.wait_s)
+        if refused and num_admitted < len(picks):
+            planned = picks[num_admitted]
+            if not planned.pick.is_aged:
+                self._count_decision(planned.pick.candidate, planned.batch_size)
+            self.stats.num_withdrawn += 1
+        return admitted
+
+    def _drop_plan(self) -> None:
+        if self._plan is not None:
+            self.settle(0, False)
+
+    def _unskip(self, request_id: RequestId) -> None:
+        """Undo a skip taken while planning a pick the engine never reached."""
+        self.tree.resume(request_id)
+        self._skipped.remove(request_id)
+        self.stats.num_deferred -= 1
 
     def select(
         self,

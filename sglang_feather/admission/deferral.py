@@ -50,6 +50,11 @@ class InFlightCheck:
         self._pass_admitted: list[RequestId] = []
 
     @property
+    def needs_engine(self) -> bool:
+        """The check reads more than the tree: the engine's cache (`cached_tokens`) or this pass's admissions."""
+        return self.enabled and not self.cache_events
+
+    @property
     def num_admitted(self) -> int:
         return len(self._pass_admitted)
 

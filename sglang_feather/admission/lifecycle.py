@@ -131,6 +131,7 @@ class Lifecycle:
         except Exception:
             logger.exception("Feather could not empty its tree; starting a new one without the cache tier")
             self.tree = ChunkedHashTree(tree.chunk_size)
+        self._plan = None
         self.footprint.reset()
         self._arrivals.clear()
         self._skipped.clear()

@@ -96,5 +96,18 @@ class AgingGuard:
         self.lead_s = min(max(self._delays), self.max_wait_s / 2)
         self._update_due()
 
+    def clone(self) -> AgingGuard:
+        """An independent guard in the same state (a planned pass feeds it the waits it expects to serve)."""
+        twin = AgingGuard.__new__(AgingGuard)
+        twin.max_wait_s, twin.lead_s, twin.when_overtaken, twin._due_s = (
+            self.max_wait_s,
+            self.lead_s,
+            self.when_overtaken,
+            self._due_s,
+        )
+        twin._delays = self._delays.copy()
+        twin._recent = self._recent.copy()
+        return twin
+
     def __repr__(self) -> str:
         return f"AgingGuard(max_wait_s={self.max_wait_s!r}, lead_s={self.lead_s:.3g})"
