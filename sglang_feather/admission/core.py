@@ -14,8 +14,7 @@ from sglang_feather.admission.plan import PassPlan, PlannedPick
 from sglang_feather.admission.results import AdmissionPlan, AdmissionStats, Pick, Proposal, StopReason
 from sglang_feather.admission.rewards import LearningHooks, RewardWindow
 from sglang_feather.admission.views import TreeViews
-from sglang_feather.cht import ChunkedHashTree
-from sglang_feather.cht import Candidate
+from sglang_feather.cht import Candidate, ChunkedHashTree
 from sglang_feather.policy import AgingGuard, make_policy
 from sglang_feather.policy.base import Decision, DecisionRecord, StoppingPolicy
 from sglang_feather.policy.context import is_forced_case
