@@ -292,8 +292,9 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
 
     def plan_ahead(self, batch_size: int, max_picks: int) -> list[Pick]:
         """Up to `max_picks` more picks of this pass, each taken as `next_pick` takes it once the picks before
-        it were accepted, and activated in the tree; `batch_size` is what runs when the pass began (read on
-        the pass's first call). Empty when nothing (not skipped) is left. Needs `can_plan`; `settle` ends it."""
+        it were accepted (each is activated in the tree before the next is taken; the last when the plan goes
+        on, or at `settle`); `batch_size` is what runs when the pass began (read on the pass's first call).
+        Empty when nothing (not skipped) is left. Needs `can_plan`; `settle` ends it."""
         if not self.can_plan:
             raise ValueError("plan_ahead needs a stopper that adds without looking and no engine-asked check")
         plan = self._plan
@@ -302,6 +303,9 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         tree, skipped, picks = self.tree, self._skipped, plan.picks
         taken: list[Pick] = []
         while len(taken) < max_picks and not plan.is_exhausted:
+            if plan.num_activated < len(picks):
+                tree.activate(picks[-1].request_id)
+                plan.num_activated += 1
             mark = len(skipped)
             pick = self._next_pick(plan.guard, plan.is_aged, None)
             if pick is None:
@@ -311,7 +315,6 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
             candidate = pick.candidate
             rid = candidate.request_id
             group, num_new = self.footprint.joining(tree, rid, candidate.depth_running)
-            tree.activate(rid)
             wait_s = self.wait_s(rid)
             if pick.is_aged:
                 plan.guard.admitted(wait_s)
@@ -337,8 +340,10 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         if plan is None:
             return []
         self._plan = None
-        for planned in reversed(picks[num_admitted:]):
+        for planned in reversed(picks[num_admitted : plan.num_activated]):
             self.tree.deactivate(planned.request_id)
+        for planned in picks[plan.num_activated : num_admitted]:
+            self.tree.activate(planned.request_id)
         undone = [planned.skipped for planned in picks[num_admitted + 1 :]]
         if num_admitted < len(picks):
             undone.append(plan.tail_skipped)

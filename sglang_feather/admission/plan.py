@@ -14,7 +14,8 @@ from sglang_feather.types import ChunkHash, RequestId
 # no engine query (answered by the cache tier, or off), a pass's picks depend only on the tree and the aging
 # guard, so the admission can take them before the engine's loop reaches them. `plan_ahead(batch_size, n)`
 # takes up to n more picks exactly as `next_pick` would after each `accept`: each pick is activated in the
-# tree as it is taken (the next one sees it running), and its wait goes to a copy of the guard (a request that
+# tree before the next is taken (the next one sees it running; the last waits for the plan to go on or for
+# `settle`, so a refused last pick costs nothing to undo), and its wait goes to a copy of the guard (a request that
 # falls due mid-pass, as the median of served waits drops, is served where the step-by-step path serves it).
 # The engine puts the planned requests where its loop reaches next and its budgets decide how many join:
 # admissions are a prefix of the plan, since its loop stops at the first refusal. `settle(num_admitted,
@@ -51,6 +52,8 @@ class PassPlan:
     """A due request is among the planned picks or was admitted earlier in the pass."""
     batch_size: int
     picks: list[PlannedPick] = field(default_factory=list)
+    num_activated: int = 0
+    """Picks activated in the tree: all but the last (its activation would only matter to a next pick)."""
     tail_skipped: tuple[RequestId, ...] = ()
     """Requests skipped while looking for a pick after the last one, when none was left."""
     is_exhausted: bool = False

@@ -47,6 +47,15 @@ SAVE_INTERVAL_S = 30.0
 # a full reconcile with the queues, the batches and the overlap loop's unprocessed batch runs and counts drift.
 # Any exception inside Feather is logged with the request ids, counted, and turns the rest of that pass into
 # SGLang's FCFS; the tree is rebuilt from the queues at the next step end.
+#
+# With a stopper that adds without looking (`always`, the default) and the cache tier fed, the pass is planned
+# ahead instead (`admission/plan.py`): `begin_pass` takes a block of picks at once (one more than SGLang admitted
+# in the last planned pass) and moves them to the head of the queue in order, `admit` only checks that SGLang's
+# loop reached the next planned request and runs SGLang's own `add_one_req`, and a block twice as long follows
+# whenever the loop admits the last planned one. At the
+# first refusal, when nothing is left to plan, when the loop passes over a planned request, or else at the step
+# end, `settle` books what SGLang admitted and undoes the rest; a pass that goes on after it steps. The
+# admissions are the same as the step path's (tests/sglang/test_planned_pass.py).
 
 
 class FeatherRuntime(QueueSlots):
@@ -87,6 +96,17 @@ class FeatherRuntime(QueueSlots):
         self._slot = 0
         self._moved: list[Any] = []
         """Picks moved to the head of the queue and not admitted: put back in queue-number order next pass."""
+        self.plans_ahead = self.admission.can_plan
+        """Plan each pass ahead (see "how it works"); False takes the step path, with the same admissions."""
+        self._planned: list[Any] | None = None
+        """This pass's planned requests in queue order (None: the pass goes step by step)."""
+        self._planned_picks: list[Pick] = []
+        self._num_reached = 0
+        self._num_admitted = 0
+        self._refused = False
+        self._block = 1
+        self._last_num_admitted = 0
+        """Planned requests SGLang admitted in the last planned pass: the next pass plans one more at first."""
         self.num_scans = 0
         """Times a pick had to be found in the waiting queue by a linear scan (its order was disturbed)."""
         self._fcfs_pass = False
@@ -149,7 +169,10 @@ class FeatherRuntime(QueueSlots):
             elif len(waiting_queue) != self.admission.num_waiting:
                 self._drifted(self.mirror.sync(waiting_queue, running, complete=False))
             self._put_back(waiting_queue)
-            self._offer(0)
+            if self.plans_ahead:
+                self._begin_plan(len(running))
+            else:
+                self._offer(0)
         except Exception:
             self._failed("pass start", waiting_queue[:8])
         self._step_s += time.perf_counter() - t0
@@ -166,6 +189,11 @@ class FeatherRuntime(QueueSlots):
         `headroom()` is the adder's KV room (`rem_total_tokens` over the pool's size)."""
         if self._fcfs_pass:
             return sglang_add()
+        planned = self._planned
+        if planned is not None:
+            if self._num_reached < len(planned) and req is planned[self._num_reached]:
+                return self._admit_planned(sglang_add, added)
+            self._guarded_settle()  # the loop passed over a planned request: the rest step by step
         t0 = time.perf_counter()
         try:
             proposal = self._proposal_for(req, batch_size, headroom)
@@ -196,6 +224,71 @@ class FeatherRuntime(QueueSlots):
             self._failed("admission", [req])
         self._step_s += time.perf_counter() - t0
         return result
+
+    # ------------------------------------------------------------ a pass planned ahead
+
+    def _begin_plan(self, batch_size: int) -> None:
+        self._planned, self._planned_picks = [], []
+        self._num_reached = self._num_admitted = 0
+        self._refused = False
+        self._block = self._last_num_admitted + 1
+        self._plan_block(batch_size)
+
+    def _plan_block(self, batch_size: int) -> None:
+        """Plan the next block and move its requests into the slots SGLang's loop reaches next."""
+        picks = self.admission.plan_ahead(batch_size, self._block)
+        self._block *= 2
+        self._planned_picks += picks
+        self._planned += self._place(picks, len(self._planned))
+
+    def _admit_planned(self, sglang_add: Callable[[], Any], added: Callable[[], bool]) -> Any:
+        """SGLang's loop reached the next planned request: SGLang's own `add_one_req` decides."""
+        self._num_reached += 1
+        result = sglang_add()
+        t0 = time.perf_counter()
+        try:
+            if added():
+                self._num_admitted += 1
+                if self._num_admitted == len(self._planned):
+                    self._plan_block(0)
+                    if self._num_admitted == len(self._planned):
+                        self._settle_plan()  # nothing left to plan: what the loop reaches next steps
+            else:
+                self._refused = True
+                self._settle_plan()  # the pass ends here, or goes on past the refusal step by step
+        except Exception:
+            self._failed("planned admission", self._planned[-1:])
+        self._step_s += time.perf_counter() - t0
+        return result
+
+    def _guarded_settle(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            passed_over = self._num_reached if not self._refused else None
+            self._settle_plan()
+            if passed_over is not None and passed_over < len(self._planned_picks):
+                self.admission.skip(self._planned_picks[passed_over])
+        except Exception:
+            self._failed("plan settling", [])
+        self._step_s += time.perf_counter() - t0
+
+    def _settle_plan(self) -> None:
+        """Book what SGLang admitted of the plan and undo the rest; the pass (if it goes on) steps."""
+        if self._planned is None:
+            return
+        self._planned = None
+        num_consults, num_group = self.admission.stats.num_consults, self.admission.stats.num_group_consults
+        admitted = self.admission.settle(self._num_admitted, self._refused)
+        self._last_num_admitted = len(admitted)
+        if self.metrics is not None:
+            for each in admitted:
+                self.metrics.admitted(each.pick.candidate.delta)
+            stats = self.admission.stats
+            num_new_group = stats.num_group_consults - num_group
+            for _ in range(num_new_group):
+                self.metrics.consulted(True)
+            for _ in range(stats.num_consults - num_consults - num_new_group):
+                self.metrics.consulted(False)
 
     def _stop(self, req: Any, proposal: Proposal) -> Any:
         """A STOP (or a deferred pick): skip the request; the pass goes on past it only where the stopper's
@@ -254,6 +347,7 @@ class FeatherRuntime(QueueSlots):
         self._queue = None
         self._pick = self._pick_req = None
         try:
+            self._settle_plan()
             self.admission.end_pass()
             self._report_launched()
             batch, running = plan.batch_to_run, plan.running_batch
@@ -322,6 +416,7 @@ class FeatherRuntime(QueueSlots):
     def _failed(self, where: str, reqs: Sequence[Any]) -> None:
         self.num_errors += 1
         self._fcfs_pass = True
+        self._planned = None
         self._needs_rebuild = True
         rids = [getattr(req, "rid", None) for req in reqs]
         logger.exception("Feather failed in %s (requests %s); this pass falls back to FCFS", where, rids)

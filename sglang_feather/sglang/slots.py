@@ -55,14 +55,35 @@ class QueueSlots:
             self._moved.append(req)
         self._slot = slot
 
+    def _place(self, picks: list[Pick], slot: int) -> list[Any]:
+        """Move planned picks into `queue[slot:]` in order; returns their `Req`s."""
+        queue, request = self._queue, self.mirror.request
+        reqs = [request(pick.request_id) for pick in picks]
+        if queue is None:
+            return reqs
+        for req in reqs:
+            there = self._position(queue, req, slot)
+            if there is None:
+                raise LookupError(f"planned request {req.rid!r} is not in the waiting queue")
+            if there != slot:
+                queue.insert(slot, queue.pop(there))
+            self._moved.append(req)
+            slot += 1
+        return reqs
+
     def _put_back(self, queue: list[Any]) -> None:
-        """Return the last pass's moved, unadmitted picks from the head of the queue (where SGLang's filter of
-        the admitted ones left them, in slot order) to their places in queue-number order."""
+        """Return the last pass's moved (or planned), unadmitted picks from the head of the queue (where SGLang's
+        filter of the admitted ones left them) to their places in queue-number order."""
         moved, self._moved = self._moved, []
-        for req in moved:
-            if not queue or queue[0] is not req:
-                return
-            queue.pop(0)
+        if not moved or not queue:
+            return
+        moved_ids = set(map(id, moved))
+        num_head = 0
+        while num_head < len(queue) and id(queue[num_head]) in moved_ids:
+            num_head += 1
+        head = queue[:num_head]
+        del queue[:num_head]
+        for req in head:
             queue.insert(self._sorted_slot(queue, req, 0), req)
 
     def _sorted_slot(self, queue: list[Any], req: Any, lo: int) -> int:

@@ -134,7 +134,8 @@ def test_settle_books_only_what_the_engine_admitted():
     adm.begin_pass()
     picks = adm.plan_ahead(0, 3)
     assert [p.request_id for p in picks] == ["a0", "a1", "a2"]
-    assert all(adm.tree.state(p.request_id) is RequestState.ACTIVE for p in picks), "activated as taken"
+    states = [adm.tree.state(p.request_id) for p in picks]
+    assert states == [RequestState.ACTIVE] * 2 + [RequestState.WAITING], "each activated before the next"
     with pytest.raises(ValueError, match="4 admitted of 3"):
         adm.settle(4, False)
     adm.begin_pass()

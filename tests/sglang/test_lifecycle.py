@@ -166,9 +166,9 @@ def test_chunked_request_stays_active_between_passes():
     sched.chunked_req = long_req
     newcomer = make_req("new", group_prompt(0, 256, 8, salt=2))
     sched.add(newcomer)
+    assert sched.tree.num_missing("new") == 1, "the in-flight chunked request's prefix still counts"
     sched.policy.calc_priority(sched.waiting_queue, sched.running)
     assert sched.tree.state("long") is RequestState.ACTIVE
-    assert sched.tree.num_missing("new") == 1, "the in-flight chunked request's prefix still counts"
     on_step_end(scheduler_view(sched.policy, sched.waiting_queue, long_req), idle_plan(sched.running))
     sched.assert_mirrors()
     # the last chunk is done: it joins the running batch

@@ -10,14 +10,18 @@ from conftest import (
     batch,
     feather_policy,
     group_prompt,
+    idle_plan,
     make_cache,
     make_req,
+    scheduler_view,
     sglang_schedule_policy,
 )
 
 from sglang_feather.admission import AdmissionConfig
+from sglang_feather.cht import RequestState
 from sglang_feather.sglang.options import FeatherOptions
 from sglang_feather.sglang.policy import FeatherSchedulePolicy
+from sglang_feather.sglang.scheduler_hooks import on_step_end
 
 CHUNK = 16
 
@@ -28,7 +32,8 @@ def _options(**kwargs) -> FeatherOptions:
     )
 
 
-def test_waiting_requests_sharing_the_running_prefix_come_first():
+@pytest.mark.parametrize("plans_ahead", [True, False], ids=["planned", "step"])
+def test_waiting_requests_sharing_the_running_prefix_come_first(plans_ahead):
     running = batch([make_req("run-a", group_prompt(0, 64, 8, salt=0))])
     queue = [
         make_req("b0", group_prompt(1, 64, 8, salt=1)),
@@ -39,12 +44,17 @@ def test_waiting_requests_sharing_the_running_prefix_come_first():
         make_req("a2", group_prompt(0, 64, 20, salt=6)),
     ]
     policy = feather_policy(make_cache(), _options())
+    policy.feather.plans_ahead = plans_ahead
     policy.calc_priority(queue, running)
     tree = policy.feather.admission.tree
     # a1 and a2 share the running request's whole 64-token prefix, a-short only its first 32 tokens: the
     # deepest covered prefix first, then arrival (a1 before a2, whatever their lengths); c0 shares nothing.
     # Only Feather's first candidate moves (to the head); the rest keeps its arrival order (no O(W) sort).
     assert [r.rid for r in queue] == ["a1", "b0", "a-short", "c0", "b1", "a2"]
+    if plans_ahead:  # the first pass plans one pick: the last pick of a plan is activated only once admitted
+        assert policy.feather.admission.num_planned == 1 and tree.state("a1") is RequestState.WAITING
+        on_step_end(scheduler_view(policy, queue), idle_plan(running))
+        assert policy.feather.admission.num_planned == 0, "the step end settled the plan (nothing admitted)"
     assert [tree.num_missing(r.rid) for r in queue] == [1, 5, 0, 2, 5, 2]
     assert tree.best().request_id == "a1"
     assert tree.num_active == 1 and tree.num_waiting == 6

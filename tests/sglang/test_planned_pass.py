@@ -1,0 +1,89 @@
+"""The planned pass (Feather's default path) admits, counts and keeps the queue exactly as the step path, on real
+SGLang objects: `Req`s, the server's `UnifiedRadixCache` with its KV events, SGLang's `PrefillAdder` budgets."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+from conftest import group_prompt
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+from sglang_feather.admission import AdmissionConfig
+from sglang_feather.offline.adapter_harness import AdapterHarness
+from sglang_feather.offline.sglang_objects import cache_prompt
+from sglang_feather.offline.sglang_objects import make_req as make_sglang_req
+from sglang_feather.sglang.options import FEATHER, FeatherOptions
+
+OPTIONS = FeatherOptions(AdmissionConfig(chunk_size=16, stopper="always", max_wait_s=2.0))
+
+
+def harness(plans_ahead: bool, cached: tuple) -> AdapterHarness:
+    side = AdapterHarness(FEATHER, options=OPTIONS, cached=cached, allocator_size=4_000)
+    assert side.runtime.events is not None, "the cache tier is fed from the tree cache's events"
+    side.runtime.plans_ahead = plans_ahead
+    return side
+
+
+def snapshot(side: AdapterHarness) -> tuple:
+    runtime, admission = side.runtime, side.runtime.admission
+    tree = admission.tree
+    stats = dataclasses.asdict(admission.stats)
+    del stats["last_reward"], stats["sum_reward"]  # decode rates timed by the real clock: never equal
+    return (
+        sorted(tree.waiting_ids()),
+        sorted(tree.active_ids()),
+        stats,
+        (admission.guard.due_wait_s, admission.guard.lead_s),
+        admission.footprint.num_running_chunks,
+        (runtime.num_drift, runtime.num_errors, runtime.num_scans),
+    )
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_planned_pass_admits_as_the_step_path(seed):
+    rng = random.Random(seed)
+    cached = tuple(group_prompt(g, 256, 0, salt=g) for g in range(2))
+    planned, steps = harness(True, cached), harness(False, cached)
+    clock = [0.0]
+    for side in (planned, steps):
+        side.runtime.admission.clock = lambda: clock[0]
+    num_admitted = num_aged = 0
+    for step in range(50):
+        clock[0] += rng.choice((0.05, 0.2, 0.6))
+        for i in range(rng.randint(1, 10)):
+            group = rng.randrange(6)
+            prompt = group_prompt(group, 256, rng.randint(8, 400), salt=step * 10 + i)
+            for side in (planned, steps):
+                side.arrive(make_sglang_req(f"s{step}-{i}", prompt))
+        results = [side.prefill_pass() for side in (planned, steps)]
+        admitted = [r.rid for r in results[0].admitted]
+        assert admitted == [r.rid for r in results[1].admitted], f"step {step}"
+        num_admitted += len(admitted)
+        for side, result in zip((planned, steps), results, strict=True):
+            side.merge(result.admitted)
+        if admitted and rng.random() < 0.5:  # a prefill finished: its prompt's KV is in the tree cache
+            prompt = [int(t) for t in results[0].admitted[0].origin_input_ids]
+            for side in (planned, steps):
+                side.cache.evict(EvictParams(num_tokens=len(prompt)))  # room for it in the small pool
+                cache_prompt(side.cache, prompt)
+        if rng.random() < 0.2:
+            num_tokens = rng.randint(100, 2000)
+            for side in (planned, steps):
+                side.cache.evict(EvictParams(num_tokens=num_tokens))
+        for side in (planned, steps):
+            side.step_end_hook()
+        finished = [i for i, _ in enumerate(planned.running) if rng.random() < 0.2]
+        retracted = {i for i in finished if rng.random() < 0.25}
+        for side in (planned, steps):
+            reqs = list(side.running)
+            for i in finished:
+                (side.retract if i in retracted else side.finish)(reqs[i])
+        assert snapshot(planned) == snapshot(steps), f"step {step}"
+        num_aged = planned.runtime.admission.stats.num_aged
+    assert num_admitted > 200 and planned.runtime.admission.stats.num_withdrawn > 5, "SGLang refused picks"
+    assert num_aged > 0, "due requests were served"
+    assert planned.runtime.num_scans == 0 and planned.runtime.num_errors == 0
+    planned.close()
+    steps.close()
