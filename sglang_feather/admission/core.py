@@ -314,7 +314,8 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
                 break
             candidate = pick.candidate
             rid = candidate.request_id
-            group, num_new = self.footprint.joining(tree, rid, candidate.depth_running)
+            # The candidate was described just now, so its running depth is the tree's (no probes needed).
+            group, num_new = tree.prefix_hash(rid), candidate.num_chunks - candidate.depth_running
             wait_s = self.wait_s(rid)
             if pick.is_aged:
                 plan.guard.admitted(wait_s)
@@ -351,18 +352,36 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
             for rid in skipped:
                 self._unskip(rid)
         admitted = picks[:num_admitted]
-        for planned in admitted:
-            pick = planned.pick
-            if not pick.is_aged:
-                self._count_decision(pick.candidate, planned.batch_size)
-            self.footprint.joined(planned.group, planned.num_new_chunks)
-            self._admitted(pick.candidate, pick.is_aged, planned.wait_s)
+        self._book(admitted)
         if refused and num_admitted < len(picks):
             planned = picks[num_admitted]
             if not planned.pick.is_aged:
                 self._count_decision(planned.pick.candidate, planned.batch_size)
             self.stats.num_withdrawn += 1
         return admitted
+
+    def _book(self, admitted: list[PlannedPick]) -> None:
+        """`_count_decision` and `_admitted` for each admitted planned pick, in order, with the guard's
+        served waits fed in runs (its state depends only on the waits it kept and the aged admissions)."""
+        stats, footprint, guard = self.stats, self.footprint, self.guard
+        waits: list[float] = []
+        for planned in admitted:
+            pick = planned.pick
+            candidate = pick.candidate
+            if pick.is_aged:
+                guard.served_all(waits)
+                waits = []
+                stats.num_aged += 1
+                self._aged_this_pass = True
+                guard.admitted(planned.wait_s)
+            else:
+                self._count_decision(candidate, planned.batch_size)
+            waits.append(planned.wait_s)
+            footprint.joined(planned.group, planned.num_new_chunks)
+            stats.sum_delta += candidate.delta
+        guard.served_all(waits)
+        stats.num_admitted += len(admitted)
+        self._in_flight.admitted_all([planned.request_id for planned in admitted])
 
     def _drop_plan(self) -> None:
         if self._plan is not None:

@@ -63,6 +63,12 @@ class InFlightCheck:
         self._frontiers.clear()
         self._pass_admitted.clear()
 
+    def admitted_all(self, request_ids: list[RequestId]) -> None:
+        """`admitted` for each, in order."""
+        if request_ids:
+            self._pass_admitted += request_ids
+            self._frontiers.clear()
+
     def admitted(self, request_id: RequestId) -> None:
         """The engine admitted a request: the cache may change, so the frontiers go."""
         self._pass_admitted.append(request_id)

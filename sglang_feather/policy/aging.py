@@ -81,6 +81,12 @@ class AgingGuard:
             self._recent.append(wait_s)
             self._update_due()
 
+    def served_all(self, waits_s: list[float]) -> None:
+        """`served` for each wait, in order (the due wait is worked out once)."""
+        if self.when_overtaken and waits_s:
+            self._recent.extend(waits_s)
+            self._update_due()
+
     def is_starved(self, wait_s: float) -> bool:
         if math.isnan(wait_s):
             raise ValueError("AgingGuard.is_starved: wait_s is NaN")
