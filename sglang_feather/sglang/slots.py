@@ -9,7 +9,6 @@ from typing import Any
 from sglang_feather.admission import Admission, Pick
 from sglang_feather.sglang.mirror import QueueMirror
 
-
 REBUILD_RATIO = 8
 """Planned picks are placed by rebuilding the queue's tail when they are over 1/8 of it (each move is a
 bisection and a list shift; a rebuild one pass over the tail)."""
