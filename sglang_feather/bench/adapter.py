@@ -18,7 +18,9 @@ PASS_DEFINITION = (
     "feather) walking the waiting list until it stops, the waiting list rebuilt without the admitted "
     "requests, and (feather) the plugin's get_next_batch_to_run hook; from the queue in arrival order, "
     "restored untimed after every sample. Feather adapter = Feather's own seconds inside that pass "
-    "(FeatherRuntime.last_step_s = the feather_step_seconds metric). Decode step = the plugin's "
+    "(FeatherRuntime.last_step_s = the feather_step_seconds metric), planned ahead where the stopper allows; "
+    "step path = the same on a third harness with plans_ahead off; plan gain = step path / adapter. "
+    "Decode step = the plugin's "
     "get_next_batch_to_run hook on a decode plan of the running batch (mean of a block of calls per sample)"
 )
 
@@ -60,6 +62,7 @@ def run(
                         **asdict(cell),
                         "calc_priority_ratio": cell.calc_priority_ratio,
                         "pass_ratio": cell.pass_ratio,
+                        "plan_gain": cell.plan_gain,
                     }
                 )
                 print(
@@ -120,16 +123,17 @@ def markdown(result: dict) -> str:
         f"Pass: {meta['pass']}.",
         "",
         "| W | prompt | running | dfs-weight calc_priority ms | dfs-weight pass ms | Feather pass ms "
-        "| Feather adapter µs | calc_priority / adapter | pass / pass | admitted dfs / Feather "
-        "| decode step µs | self-check ms | arrival µs |",
-        "|---:|---:|---:|---|---|---|---|---:|---:|---:|---|---|---:|",
+        "| Feather adapter µs | calc_priority / adapter | step path µs | plan gain | pass / pass "
+        "| admitted dfs / Feather | decode step µs | self-check ms | arrival µs |",
+        "|---:|---:|---:|---|---|---|---|---:|---|---:|---:|---:|---|---|---:|",
     ]
     for c in result["cells"]:
         lines.append(
             f"| {c['num_waiting']} | {c['prompt_len']} | {c['num_running']} "
             f"| {_spread(c['baseline_calc_priority_s'], 1e3, 2)} | {_spread(c['baseline_pass_s'], 1e3, 2)} "
             f"| {_spread(c['feather_pass_s'], 1e3, 2)} | {_spread(c['feather_adapter_s'], 1e6, 1)} "
-            f"| {c['calc_priority_ratio']:,.0f}× | {c['pass_ratio']:,.1f}× "
+            f"| {c['calc_priority_ratio']:,.0f}× | {_spread(c['feather_step_adapter_s'], 1e6, 1)} "
+            f"| {c['plan_gain']:.2f}× | {c['pass_ratio']:,.1f}× "
             f"| {c['baseline_admitted']} / {c['feather_admitted']} "
             f"| {_spread(c['decode_step_s'], 1e6, 1)} | {_spread(c['self_check_s'], 1e3, 2)} "
             f"| {c['arrive_s'] * 1e6:.0f} |"

@@ -21,13 +21,16 @@ from sglang_feather.sglang.options import FEATHER, FeatherOptions
 # groups sharing 5L/8-token prefixes. Each side gets its own `AdapterHarness` (real `Req`, tree cache,
 # `PrefillAdder`, SGLang's waiting list and running `ScheduleBatch`) with the running prompts already in the
 # prefix cache: SGLang's `dfs-weight`, and `feather` driven through the plugin's hook functions (running
-# requests tracked as admitted, the W requests arrived through `_add_request_to_queue`). A sample is one
-# prefill pass; the sides alternate sample by sample; after each sample the queue is restored untimed (the
+# requests tracked as admitted, the W requests arrived through `_add_request_to_queue`), twice: planned ahead
+# (the default) and on the step path (`plans_ahead` off). A sample is one prefill pass; dfs-weight's comes first, then
+# the two Feather sides in alternating order; after each sample the queue is restored untimed (the
 # admitted requests go back to the end of the waiting list, as SGLang re-queues a retracted request; for
 # Feather through the same retraction event SGLang raises), so every sample sees the same requests waiting.
 # A decode-step sample is the mean of `decode_block` calls of Feather's end-of-step hook on a decode plan of the R running requests.
 
 BASELINE = "dfs-weight"
+STEP = "feather-step"
+"""Feather on the step path (`plans_ahead` off), the third side of a cell."""
 STOPPER = DEFAULT_STOPPER
 """Feather's default, as a server runs it (`always`). A learning stopper (`ucb`) is no comparison here: rewarded
 by this model-free loop's meaningless decode rates it soon stops at the first candidate."""
@@ -61,6 +64,9 @@ class AdapterCell:
     update and the end-of-step hook."""
     feather_adapter_s: Spread
     """Feather's own share of that pass (what `feather_step_seconds` reports)."""
+    feather_step_adapter_s: Spread
+    """The same share on a third harness with the runtime's `plans_ahead` off: the step path (what a seeing or
+    learning stopper, or a cache without KV events, runs); equal to the first where the stopper cannot plan."""
     feather_calc_priority_s: Spread
     decode_step_s: Spread
     self_check_s: Spread
@@ -69,10 +75,16 @@ class AdapterCell:
     """Mean `_add_request_to_queue` hook per arrival (hashing the prompt and inserting it into the CHT)."""
     baseline_admitted: int
     feather_admitted: int
+    feather_step_admitted: int
 
     @property
     def calc_priority_ratio(self) -> float:
         return self.baseline_calc_priority_s.median / self.feather_adapter_s.median
+
+    @property
+    def plan_gain(self) -> float:
+        """How much cheaper Feather's share is planned ahead than step by step."""
+        return self.feather_step_adapter_s.median / self.feather_adapter_s.median
 
     @property
     def pass_ratio(self) -> float:
@@ -129,9 +141,11 @@ def measure_cell(
     running_prompts = [groups.prompt(rng, g, prompt_len) for g in groups.groups(rng, num_running)]
     waiting_prompts = [groups.prompt(rng, g, prompt_len) for g in groups.groups(rng, num_waiting)]
     feather, arrive_s = _build(FEATHER, running_prompts, waiting_prompts, stopper)
+    step, _ = _build(FEATHER, running_prompts, waiting_prompts, stopper)
+    step.runtime.plans_ahead = False
     baseline, _ = _build(BASELINE, running_prompts, waiting_prompts, stopper)
     del running_prompts, waiting_prompts
-    sides = {FEATHER: feather, BASELINE: baseline}
+    sides = {FEATHER: feather, STEP: step, BASELINE: baseline}
     queues = {name: list(h.waiting) for name, h in sides.items()}
     results: dict[str, list[PassResult]] = {name: [] for name in sides}
     decode_s: list[float] = []
@@ -140,7 +154,9 @@ def measure_cell(
         for name, harness in sides.items():  # warm-up: radix node splits, Feather's first end-of-step
             queues[name] = _restore(harness, harness.prefill_pass(), queues[name])
         for i in range(repeat):
-            order = list(sides) if i % 2 == 0 else list(reversed(sides))
+            # dfs-weight first (its pass evicts the caches), then the two Feather sides in alternating order,
+            # so each follows dfs-weight as often as the other
+            order = [BASELINE, FEATHER, STEP] if i % 2 == 0 else [BASELINE, STEP, FEATHER]
             for name in order:
                 harness = sides[name]
                 gc.collect()
@@ -153,7 +169,8 @@ def measure_cell(
                 decode_s.append(sum(feather.step_end_hook() for _ in range(decode_block)) / decode_block)
                 check_s.append(feather.self_check())
     feather.close()
-    fr, br = results[FEATHER], results[BASELINE]
+    step.close()
+    fr, sr, br = results[FEATHER], results[STEP], results[BASELINE]
     return AdapterCell(
         num_waiting=num_waiting,
         prompt_len=prompt_len,
@@ -163,12 +180,14 @@ def measure_cell(
         baseline_pass_s=Spread.of([r.pass_s for r in br]),
         feather_pass_s=Spread.of([r.pass_s for r in fr]),
         feather_adapter_s=Spread.of([r.adapter_s for r in fr]),
+        feather_step_adapter_s=Spread.of([r.adapter_s for r in sr]),
         feather_calc_priority_s=Spread.of([r.calc_priority_s for r in fr]),
         decode_step_s=Spread.of(decode_s),
         self_check_s=Spread.of(check_s),
         arrive_s=arrive_s,
         baseline_admitted=round(statistics.median(len(r.admitted) for r in br)),
         feather_admitted=round(statistics.median(len(r.admitted) for r in fr)),
+        feather_step_admitted=round(statistics.median(len(r.admitted) for r in sr)),
     )
 
 

@@ -48,13 +48,12 @@ SAVE_INTERVAL_S = 30.0
 # Any exception inside Feather is logged with the request ids, counted, and turns the rest of that pass into
 # SGLang's FCFS; the tree is rebuilt from the queues at the next step end.
 #
-# With a stopper that adds without looking (`always`, the default) and the cache tier fed, the pass is planned
-# ahead instead (`admission/plan.py`): `begin_pass` takes a block of picks at once (one more than SGLang admitted
-# in the last planned pass) and moves them to the head of the queue in order, `admit` only checks that SGLang's
-# loop reached the next planned request and runs SGLang's own `add_one_req`, and a block twice as long follows
-# whenever the loop admits the last planned one. At the
-# first refusal, when nothing is left to plan, when the loop passes over a planned request, or else at the step
-# end, `settle` books what SGLang admitted and undoes the rest; a pass that goes on after it steps. The
+# With a stopper that adds without looking (`always`, the default) and the cache tier fed, passes are planned
+# ahead instead (`admission/plan.py`): `begin_pass` takes a block of picks at once (one more than SGLang
+# admitted in the last pass) and moves them to the head of the queue in order, `admit` only checks that SGLang's loop reached the next planned request and runs SGLang's own
+# `add_one_req`, and a block twice as long follows whenever the loop admits the last planned one. At the first
+# refusal, when nothing is left to plan, when the loop passes over a planned request, or else at the step end,
+# `settle` books what SGLang admitted and undoes the rest; a pass that goes on after it steps. The
 # admissions are the same as the step path's (tests/sglang/test_planned_pass.py).
 
 
@@ -97,7 +96,7 @@ class FeatherRuntime(QueueSlots):
         self._moved: list[Any] = []
         """Picks moved to the head of the queue and not admitted: put back in queue-number order next pass."""
         self.plans_ahead = self.admission.can_plan
-        """Plan each pass ahead (see "how it works"); False takes the step path, with the same admissions."""
+        """Plan passes ahead (see "how it works"); False takes the step path, with the same admissions."""
         self._planned: list[Any] | None = None
         """This pass's planned requests in queue order (None: the pass goes step by step)."""
         self._planned_picks: list[Pick] = []
@@ -106,7 +105,10 @@ class FeatherRuntime(QueueSlots):
         self._refused = False
         self._block = 1
         self._last_num_admitted = 0
-        """Planned requests SGLang admitted in the last planned pass: the next pass plans one more at first."""
+        """Requests the last pass admitted: the next pass plans one more at first."""
+        self._admitted_before = 0
+        self.num_planned_passes = 0
+        """Passes planned ahead so far (the others stepped)."""
         self.num_scans = 0
         """Times a pick had to be found in the waiting queue by a linear scan (its order was disturbed)."""
         self._fcfs_pass = False
@@ -169,6 +171,7 @@ class FeatherRuntime(QueueSlots):
             elif len(waiting_queue) != self.admission.num_waiting:
                 self._drifted(self.mirror.sync(waiting_queue, running, complete=False))
             self._put_back(waiting_queue)
+            self._admitted_before = self.admission.stats.num_admitted
             if self.plans_ahead:
                 self._begin_plan(len(running))
             else:
@@ -228,6 +231,7 @@ class FeatherRuntime(QueueSlots):
     # ------------------------------------------------------------ a pass planned ahead
 
     def _begin_plan(self, batch_size: int) -> None:
+        self.num_planned_passes += 1
         self._planned, self._planned_picks = [], []
         self._num_reached = self._num_admitted = 0
         self._refused = False
@@ -279,7 +283,6 @@ class FeatherRuntime(QueueSlots):
         self._planned = None
         num_consults, num_group = self.admission.stats.num_consults, self.admission.stats.num_group_consults
         admitted = self.admission.settle(self._num_admitted, self._refused)
-        self._last_num_admitted = len(admitted)
         if self.metrics is not None:
             for each in admitted:
                 self.metrics.admitted(each.pick.candidate.delta)
@@ -348,6 +351,7 @@ class FeatherRuntime(QueueSlots):
         self._pick = self._pick_req = None
         try:
             self._settle_plan()
+            self._last_num_admitted = self.admission.stats.num_admitted - self._admitted_before
             self.admission.end_pass()
             self._report_launched()
             batch, running = plan.batch_to_run, plan.running_batch

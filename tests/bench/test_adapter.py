@@ -25,6 +25,8 @@ def test_tiny_run_measures_both_sides_through_the_plugin(tmp_path):
         assert c["num_samples"] == 2
         # Both sides admit under SGLang's budgets; Feather's own share is part of its whole pass.
         assert c["baseline_admitted"] > 0 and c["feather_admitted"] > 0
+        assert c["feather_step_admitted"] == c["feather_admitted"], "the step path admits as the planned pass"
+        assert c["plan_gain"] > 0 and c["feather_step_adapter_s"]["median"] > 0
         assert 0 < c["feather_adapter_s"]["median"] <= c["feather_pass_s"]["max"]
         assert c["baseline_calc_priority_s"]["median"] <= c["baseline_pass_s"]["max"]
         for key in ("decode_step_s", "self_check_s"):

@@ -85,5 +85,6 @@ def test_the_planned_pass_admits_as_the_step_path(seed):
     assert num_admitted > 200 and planned.runtime.admission.stats.num_withdrawn > 5, "SGLang refused picks"
     assert num_aged > 0, "due requests were served"
     assert planned.runtime.num_scans == 0 and planned.runtime.num_errors == 0
+    assert planned.runtime.num_planned_passes == 50 and steps.runtime.num_planned_passes == 0
     planned.close()
     steps.close()
