@@ -177,7 +177,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         candidate = self.tree.candidate(request_id)
         if self._in_flight.is_in_flight(self.tree, candidate, cached_tokens):
             return Pick(candidate, is_aged=False, is_deferred=True)
-        return Pick(candidate, is_aged=self._is_due(request_id))
+        return Pick(candidate, is_aged=self._is_due(request_id, self.guard, self._aged_this_pass))
 
     def decide(self, pick: Pick, batch_size: int, headroom: Headroom | None = None) -> Proposal:
         """The stopper's verdict on `pick` joining a batch of `batch_size` (an aged pick is added, a deferred
@@ -207,14 +207,10 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
             self.stats.num_consults += 1
             self.stats.num_group_consults += candidate.adds_group
 
-    def _is_due(
-        self, request_id: RequestId, guard: AgingGuard | None = None, is_aged: bool | None = None
-    ) -> bool:
-        """The aging guard serves this request now: it is due and no due request was admitted in this pass
-        (`guard` and `is_aged` stand in for the admission's own while a pass is planned ahead)."""
-        if self._aged_this_pass if is_aged is None else is_aged:
-            return False
-        return (guard or self.guard).is_starved(self.wait_s(request_id))
+    def _is_due(self, request_id: RequestId, guard: AgingGuard, is_aged: bool) -> bool:
+        """`guard` serves this request now: it is due and no due request was admitted in this pass (`is_aged`);
+        the admission's own guard and flag, or their stand-ins while a pass is planned ahead."""
+        return not is_aged and guard.is_starved(self.wait_s(request_id))
 
     def _due_request(self, oldest: RequestId, guard: AgingGuard, is_aged: bool) -> RequestId:
         """The request the guard serves when `oldest` is due: the oldest one with nothing covered if it is due

@@ -22,8 +22,8 @@ from sglang_feather.sglang.options import FEATHER, FeatherOptions
 # `PrefillAdder`, SGLang's waiting list and running `ScheduleBatch`) with the running prompts already in the
 # prefix cache: SGLang's `dfs-weight`, and `feather` driven through the plugin's hook functions (running
 # requests tracked as admitted, the W requests arrived through `_add_request_to_queue`), twice: planned ahead
-# (the default) and on the step path (`plans_ahead` off). A sample is one prefill pass; dfs-weight's comes first, then
-# the two Feather sides in alternating order; after each sample the queue is restored untimed (the
+# (the default) and on the step path (`plans_ahead` off). A sample is one prefill pass; dfs-weight's comes
+# first, then the two Feather sides in alternating order; after each sample the queue is restored untimed (the
 # admitted requests go back to the end of the waiting list, as SGLang re-queues a retracted request; for
 # Feather through the same retraction event SGLang raises), so every sample sees the same requests waiting.
 # A decode-step sample is the mean of `decode_block` calls of Feather's end-of-step hook on a decode plan of the R running requests.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import deque
 
@@ -104,13 +105,7 @@ class AgingGuard:
 
     def clone(self) -> AgingGuard:
         """An independent guard in the same state (a planned pass feeds it the waits it expects to serve)."""
-        twin = AgingGuard.__new__(AgingGuard)
-        twin.max_wait_s, twin.lead_s, twin.when_overtaken, twin._due_s = (
-            self.max_wait_s,
-            self.lead_s,
-            self.when_overtaken,
-            self._due_s,
-        )
+        twin = copy.copy(self)
         twin._delays = self._delays.copy()
         twin._recent = self._recent.copy()
         return twin

@@ -50,8 +50,9 @@ SAVE_INTERVAL_S = 30.0
 #
 # With a stopper that adds without looking (`always`, the default) and the cache tier fed, passes are planned
 # ahead instead (`admission/plan.py`): `begin_pass` takes a block of picks at once (one more than SGLang
-# admitted in the last pass) and moves them to the head of the queue in order, `admit` only checks that SGLang's loop reached the next planned request and runs SGLang's own
-# `add_one_req`, and a block twice as long follows whenever the loop admits the last planned one. At the first
+# admitted in the last pass) and moves them to the head of the queue in order, `admit` only checks that
+# SGLang's loop reached the next planned request and runs SGLang's own `add_one_req`, and a block twice as
+# long follows whenever the loop admits the last planned one. At the first
 # refusal, when nothing is left to plan, when the loop passes over a planned request, or else at the step end,
 # `settle` books what SGLang admitted and undoes the rest; a pass that goes on after it steps. The
 # admissions are the same as the step path's (tests/sglang/test_planned_pass.py).
