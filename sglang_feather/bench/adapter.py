@@ -140,17 +140,18 @@ def markdown(result: dict) -> str:
         )
     lines += [
         "",
-        "Cache tier feed (SGLang's own KV events of a server-built cache, translated and stored by Feather; "
-        "SGLang's cost of recording them not included):",
+        "Cache tier feed (SGLang's own KV events of a server-built cache, translated and stored by Feather, "
+        "round after round in one cache: median [range]; SGLang's cost of recording them not included):",
         "",
-        "| page | prompt | prompts | chunks | store µs/chunk | evict µs/chunk | store ms/prompt | evict ms/prompt |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| page | prompt | prompts a round | chunks a round | translator | store µs/chunk | first round's store "
+        "| evict µs/chunk |",
+        "|---:|---:|---:|---:|---|---|---:|---|",
     ]
     for e in result.get("events", ()):
         lines.append(
             f"| {e['page_size']} | {e['prompt_len']} | {e['num_prompts']} | {e['num_chunks']} "
-            f"| {e['store_us_per_chunk']:.2f} | {e['evict_us_per_chunk']:.2f} "
-            f"| {e['store_ms_per_prompt']:.2f} | {e['evict_ms_per_prompt']:.2f} |"
+            f"| {e['page_runs']} | {_spread(e['store_us_per_chunk'], 1, 2)} "
+            f"| {e['first_store_us_per_chunk']:.2f} | {_spread(e['evict_us_per_chunk'], 1, 2)} |"
         )
     return "\n".join(lines)
 

@@ -199,54 +199,66 @@ class EventCost:
     prompt_len: int
     num_prompts: int
     num_chunks: int
-    store_us_per_chunk: float
-    """Feather's translation and cache-tier store, per chunk cached (`EventTranslator.feed`)."""
-    evict_us_per_chunk: float
-    store_ms_per_prompt: float
-    evict_ms_per_prompt: float
+    """Chunks cached per round."""
+    store_us_per_chunk: Spread
+    """Feather's translation and cache-tier store, per chunk cached (`EventTranslator.feed`), over the rounds."""
+    evict_us_per_chunk: Spread
+    first_store_us_per_chunk: float
+    """The first round's store, into empty tables (every later round reuses what the first one grew)."""
+    page_runs: str
+    """Which `PageRuns` twin translated (`native` or `python`)."""
 
 
-def measure_events(page_size: int, prompt_len: int, num_prompts: int = 30, seed: int = 0) -> EventCost:
-    """Cache `num_prompts` unrelated prompts in a server-built tree cache with events on, feed its events to
-    Feather's translator, evict everything, feed those events: the time of each feed per chunk and prompt.
-    SGLang's own cost of recording the events (hashing every page) is not included."""
+def measure_events(
+    page_size: int, prompt_len: int, num_prompts: int = 20, rounds: int = 5, seed: int = 0
+) -> EventCost:
+    """Round after round in one server-built tree cache with events on (as a server's cache lives): cache
+    `num_prompts` fresh unrelated prompts, feed their store events to Feather's translator, evict everything,
+    feed those events; each feed timed per chunk. SGLang's own cost of recording the events (hashing every
+    page) is not included."""
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
     from sglang_feather.admission import Admission
     from sglang_feather.offline.sglang_objects import cache_prompt
     from sglang_feather.sglang.cache_events import EventTranslator
+    from sglang_feather.sglang.page_runs import NativePageRuns
 
     config = AdmissionConfig(page_size=page_size, cache_events=True)
     cache = make_radix_cache(
         page_size=page_size, num_kv_tokens=num_prompts * prompt_len + 1024, kv_events=True
     )
     cache.take_events()
-    rng = np.random.default_rng(seed)
-    for _ in range(num_prompts):
-        cache_prompt(cache, rng.integers(1, 30000, prompt_len).tolist())
-    stored = cache.take_events()
     admission = Admission.from_config(config)
     translator = EventTranslator(admission, config.chunk_size)
-    with gc_disabled():
-        t0 = time.perf_counter()
-        translator.feed(stored)
-        store_s = time.perf_counter() - t0
-    num_chunks = admission.tree.num_cached
-    cache.evict(EvictParams(num_tokens=num_prompts * prompt_len))
-    evicted = cache.take_events()
-    with gc_disabled():
-        t0 = time.perf_counter()
-        translator.feed(evicted)
-        evict_s = time.perf_counter() - t0
-    if admission.tree.num_cached:
-        raise RuntimeError(f"{admission.tree.num_cached} chunks still cached after evicting everything")
+    rng = np.random.default_rng(seed)
+    stores, evicts = [], []
+    num_chunks = 0
+    for _ in range(rounds):
+        for _ in range(num_prompts):
+            cache_prompt(cache, rng.integers(1, 30000, prompt_len).tolist())
+        stored = cache.take_events()
+        with gc_disabled():
+            t0 = time.perf_counter()
+            translator.feed(stored)
+            store_s = time.perf_counter() - t0
+        num_chunks = admission.tree.num_cached
+        cache.evict(EvictParams(num_tokens=num_prompts * prompt_len))
+        evicted = cache.take_events()
+        with gc_disabled():
+            t0 = time.perf_counter()
+            translator.feed(evicted)
+            evict_s = time.perf_counter() - t0
+        if admission.tree.num_cached or translator.num_pages:
+            raise RuntimeError(f"{admission.tree.num_cached} chunks still cached after evicting everything")
+        stores.append(store_s / num_chunks * 1e6)
+        evicts.append(evict_s / num_chunks * 1e6)
     return EventCost(
         page_size=page_size,
         prompt_len=prompt_len,
         num_prompts=num_prompts,
         num_chunks=num_chunks,
-        store_us_per_chunk=store_s / num_chunks * 1e6,
-        evict_us_per_chunk=evict_s / num_chunks * 1e6,
-        store_ms_per_prompt=store_s / num_prompts * 1e3,
-        evict_ms_per_prompt=evict_s / num_prompts * 1e3,
+        store_us_per_chunk=Spread.of(stores),
+        evict_us_per_chunk=Spread.of(evicts),
+        first_store_us_per_chunk=stores[0],
+        page_runs="native" if isinstance(translator.runs, NativePageRuns) else "python",
     )

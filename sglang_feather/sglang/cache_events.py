@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from itertools import repeat
+from dataclasses import dataclass
 from typing import Any
 
-import xxhash
-
-from sglang_feather.cht.hashing import token_bytes
-from sglang_feather.types import ChunkHash
+from sglang_feather.sglang.page_runs import PageRunsLike, page_runs
 
 logger = logging.getLogger(__name__)
 
@@ -21,50 +17,15 @@ logger = logging.getLogger(__name__)
 # parent page, with their token ids), `BlockRemoved` (the pages of an evicted node) and `AllBlocksCleared`
 # once its recorder is enabled; the plugin enables it for `--schedule-policy feather`. Page hashes are
 # SGLang's own (SHA-256, position-aware), so they cannot be turned into the CHT's chunk hashes by themselves:
-# each stored chain becomes a `_Run` that keeps its start offset, the xxh64 state over every token before it
-# (the CHT's chunk hash of a prefix is the xxh64 of all its tokens), the chunk that ends at or before its start,
-# its token bytes, and the chunk hashes that end inside it. A chain below a page of an earlier run resumes that
-# run's state at the page's end, so each event costs O(its tokens), never a re-hash of its prefix. A chunk is
-# cached once the page holding its last token is: evicting a page uncaches the chunk that page's first token
-# belongs to (the cache tier drops the chunks that extend it). Events for another storage medium (HiCache's host
-# tier), a cache salt or a LoRA adapter's namespace, and chains below a page never seen, are counted and
+# the translator hands each event's pages and tokens to a `PageRuns` twin (page_runs.py; the compiled one
+# with the compiled CHT core), which keeps every stored chain's hashing state and returns the chunk chain a
+# store caches, or the chunks an eviction uncaches (the compiled twin in O(the event's pages and tokens + one
+# chunk); page_runs.cpp says how). The Rust tree core reports a node per event, the Python one a page per event. Events for another storage medium
+# (HiCache's host tier), a cache salt or a LoRA adapter's namespace, and events the twin refuses (a chain
+# below a page never seen, bigram (EAGLE) pages, tokens that do not fill their pages), are counted and
 # skipped: Feather ranks only default-namespace prompts by what the device cache holds.
 
 GPU_MEDIUM = "GPU"
-
-
-@dataclass(slots=True, eq=False)
-class _Run:
-    """One stored chain of pages."""
-
-    start: int
-    """Token offset of its first page."""
-    state: Any
-    """xxh64 over every token before `start`."""
-    chunk_before: ChunkHash | None
-    """The chunk that ends at or before `start` (None at the start of a prompt)."""
-    tokens: bytes
-    """Its token ids, 4-byte little-endian (what the CHT hashes)."""
-    pages: list[int]
-    page_size: int
-    chunks: dict[int, ChunkHash] = field(default_factory=dict)
-    """End offset -> hash of every chunk that ends inside this run."""
-    positions: dict[int, int] | None = None
-
-    def index(self, page: int) -> int:
-        if self.positions is None:
-            if self.pages[0] == page:  # a whole chain evicted: no map needed
-                return 0
-            self.positions = dict(zip(self.pages, range(len(self.pages)), strict=True))
-        return self.positions[page]
-
-    def resume(self, end: int, chunk_size: int) -> tuple[Any, ChunkHash | None]:
-        """The xxh64 state over every token before `end` (inside this run) and the chunk that ends at or
-        before `end`."""
-        state = self.state.copy()
-        state.update(self.tokens[: 4 * (end - self.start)])
-        boundary = end - end % chunk_size
-        return state, self.chunks[boundary] if boundary > self.start else self.chunk_before
 
 
 @dataclass
@@ -80,12 +41,11 @@ class EventCounts:
 class EventTranslator:
     """Keeps the admission component's cache tier equal to SGLang's device cache, from its KV events."""
 
-    def __init__(self, admission: Any, chunk_size: int) -> None:
+    def __init__(self, admission: Any, chunk_size: int, runs: PageRunsLike | None = None) -> None:
         self.admission = admission
         self.chunk_size = chunk_size
         self.counts = EventCounts()
-        self._runs: dict[int, _Run] = {}
-        """SGLang page hash -> the run holding that page."""
+        self.runs = page_runs(chunk_size) if runs is None else runs
         self._handlers: dict[str, Callable[[Any], None]] = {
             "BlockStored": self._stored,
             "BlockRemoved": self._removed,
@@ -94,7 +54,7 @@ class EventTranslator:
 
     @property
     def num_pages(self) -> int:
-        return len(self._runs)
+        return self.runs.num_pages
 
     def feed(self, events: Iterable[Any]) -> None:
         for event in events:
@@ -105,36 +65,16 @@ class EventTranslator:
                 handler(event)
 
     def _stored(self, event: Any) -> None:
-        if not _on_device(event) or event.cache_salt or getattr(event, "lora_name", None):
+        stored = None
+        if _on_device(event) and not event.cache_salt and not getattr(event, "lora_name", None):
+            stored = self.runs.store(
+                event.parent_block_hash, event.block_hashes, event.token_ids, event.block_size
+            )
+        if stored is None:
             self.counts.num_skipped += 1
             return
-        chunk = self.chunk_size
-        if event.parent_block_hash is None:
-            start, state, chunk_before = 0, xxhash.xxh64(seed=0), None
-        else:
-            parent = self._runs.get(event.parent_block_hash)
-            if parent is None:
-                self.counts.num_skipped += 1
-                return
-            start = parent.start + (parent.index(event.parent_block_hash) + 1) * parent.page_size
-            state, chunk_before = parent.resume(start, chunk)
-        try:
-            tokens = token_bytes(event.token_ids)
-        except (ValueError, TypeError):
-            self.counts.num_skipped += 1  # bigram (EAGLE) pages carry token pairs
-            return
-        run = _Run(start, state.copy(), chunk_before, tokens, list(event.block_hashes), event.block_size)
-        end = start + len(tokens) // 4
-        chain = []
-        offset = start
-        for boundary in range(start - start % chunk + chunk, end + 1, chunk):
-            state.update(tokens[4 * (offset - start) : 4 * (boundary - start)])
-            offset = boundary
-            chunk_hash = ChunkHash(state.intdigest())
-            run.chunks[boundary] = chunk_hash
-            chain.append(chunk_hash)
-        self._runs.update(dict.fromkeys(run.pages, run))
         self.counts.num_stored += 1
+        chain, chunk_before = stored
         if chain:
             self.admission.cache_stored(chain, chunk_before)
 
@@ -142,44 +82,13 @@ class EventTranslator:
         if not _on_device(event):
             self.counts.num_skipped += 1
             return
-        pages = list(event.block_hashes)
-        runs = list(map(self._runs.pop, pages, repeat(None, len(pages))))
-        gone: dict[ChunkHash, None] = {}
-        i = 0
-        while i < len(pages):
-            run = runs[i]
-            if run is None:
-                i += 1
-                continue
-            i += self._uncache_span(run, pages, runs, i, gone)
         self.counts.num_removed += 1
+        gone = self.runs.remove(event.block_hashes)
         if gone:
-            self.admission.cache_removed(list(gone))
-
-    def _uncache_span(
-        self, run: _Run, pages: list[int], runs: list[_Run | None], i: int, gone: dict[ChunkHash, None]
-    ) -> int:
-        """Collect the chunks that evicting `pages[i:]` uncaches while they are consecutive pages of `run`
-        (SGLang lists an evicted node's pages in order); returns how many pages that was (at least 1). Each
-        page uncaches the chunk its first token belongs to, so a span takes one step per chunk (a chunk is a
-        whole number of pages), and the span is found by C-level slice comparisons, not a loop per page."""
-        chunk, size = self.chunk_size, run.page_size
-        first = run.index(pages[i])
-        span = min(len(run.pages) - first, len(pages) - i)
-        if span > 1 and not (
-            runs[i : i + span].count(run) == span and pages[i : i + span] == run.pages[first : first + span]
-        ):
-            span = 1
-        lo = run.start + first * size
-        hi = run.start + (first + span - 1) * size
-        for boundary in range(lo - lo % chunk + chunk, hi - hi % chunk + chunk + 1, chunk):
-            chunk_hash = run.chunks.get(boundary)
-            if chunk_hash is not None:
-                gone[chunk_hash] = None
-        return span
+            self.admission.cache_removed(gone)
 
     def _cleared(self, _event: Any) -> None:
-        self._runs.clear()
+        self.runs.clear()
         self.counts.num_cleared += 1
         self.admission.cache_cleared()
 

@@ -38,30 +38,12 @@
 #include <utility>
 #include <vector>
 
-// Portability: GCC and Clang on Linux, Apple Clang, MSVC. Huge-page mappings are Linux's (mmap + madvise
-// MADV_HUGEPAGE); elsewhere large arrays come from the aligned allocator like small ones. Token ids are hashed
+#include "memory.h"
+#include "xxh64.h"
+
+// Portability: GCC and Clang on Linux, Apple Clang, MSVC (memory.h says where huge pages are used). Token ids are hashed
 // as little-endian words: a compiler that names the byte order is checked here, any other at import
 // (`little_endian()` in the module init), so a big-endian build never yields wrong digests.
-#if defined(__linux__) && defined(__has_include)
-#if __has_include(<sys/mman.h>)
-#include <sys/mman.h>
-#endif
-#endif
-#if defined(MADV_HUGEPAGE) && defined(MAP_ANONYMOUS)
-#define FEATHER_HUGE_PAGES 1
-#else
-#define FEATHER_HUGE_PAGES 0
-#endif
-#if defined(_MSC_VER)
-#include <malloc.h>
-#endif
-
-#if defined(__GNUC__) || defined(__clang__)
-#define FEATHER_PREFETCH(...) __builtin_prefetch(__VA_ARGS__)
-#else
-#define FEATHER_PREFETCH(...) ((void)0)
-#endif
-
 #if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__)
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token ids are hashed as little-endian words");
 #endif
@@ -90,33 +72,6 @@ enum Status : int64_t {
 enum State : uint8_t { FREE = 0, WAITING = 1, ACTIVE = 2 };
 
 // ------------------------------------------------------------------------------------------- xxh64
-
-constexpr uint64_t P1 = 11400714785074694791ULL;
-constexpr uint64_t P2 = 14029467366897019727ULL;
-constexpr uint64_t P3 = 1609587929392839161ULL;
-constexpr uint64_t P4 = 9650029242287828579ULL;
-constexpr uint64_t P5 = 2870177450012600261ULL;
-
-inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-inline uint64_t read64(const unsigned char* p) {
-    uint64_t v;
-    std::memcpy(&v, p, 8);
-    return v;
-}
-inline uint32_t read32(const unsigned char* p) {
-    uint32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
-inline uint64_t round64(uint64_t acc, uint64_t lane) {
-    acc += lane * P2;
-    acc = rotl(acc, 31);
-    return acc * P1;
-}
-inline uint64_t merge64(uint64_t acc, uint64_t v) {
-    acc ^= round64(0, v);
-    return acc * P1 + P4;
-}
 
 // Token sources for hashing: `word(k)` is tokens k and k + 1 as one little-endian u64 (two 4-byte ids),
 // `one(k)` token k as a u32; `valid()` says whether every id read lies in [0, 2**32). A contiguous buffer is
@@ -166,9 +121,6 @@ struct WideTokens {
     bool valid() const { return (high >> 32) == 0; }
 };
 
-struct Lanes {  // xxh64's four accumulators after some number of whole 32-byte stripes
-    uint64_t v1, v2, v3, v4;
-};
 
 // Digests of every prefix of `n` tokens ending at b = chunk, 2 chunk, ..., n (the last one may be partial):
 // xxh64 over the ids as 4-byte little-endian words, the xxhash package's digests. False if an id lies outside
@@ -186,7 +138,7 @@ bool cumulative_xxh64(Src& src, size_t n, size_t chunk, uint64_t seed, std::vect
     lanes.resize(count);
     out.resize(count);
     Lanes* at = lanes.data();
-    uint64_t v1 = seed + P1 + P2, v2 = seed + P2, v3 = seed, v4 = seed - P1;
+    auto [v1, v2, v3, v4] = initial_lanes(seed);
     size_t done = 0;  // tokens folded into v1..v4 (a multiple of 8: 32-byte stripes)
     for (size_t i = 0; i < count; ++i) {
         size_t end = std::min((i + 1) * chunk, n);
@@ -202,33 +154,7 @@ bool cumulative_xxh64(Src& src, size_t n, size_t chunk, uint64_t seed, std::vect
     uint64_t* dst = out.data();
     for (size_t i = 0; i < count; ++i) {
         size_t end = std::min((i + 1) * chunk, n);
-        const Lanes& l = at[i];
-        uint64_t h;
-        if (end >= 8) {
-            h = rotl(l.v1, 1) + rotl(l.v2, 7) + rotl(l.v3, 12) + rotl(l.v4, 18);
-            h = merge64(h, l.v1);
-            h = merge64(h, l.v2);
-            h = merge64(h, l.v3);
-            h = merge64(h, l.v4);
-        } else {
-            h = seed + P5;
-        }
-        h += static_cast<uint64_t>(end) * 4;
-        size_t k = end & ~size_t{7};
-        for (; k + 2 <= end; k += 2) {
-            h ^= round64(0, src.word(k));
-            h = rotl(h, 27) * P1 + P4;
-        }
-        if (k < end) {
-            h ^= static_cast<uint64_t>(src.one(k)) * P1;
-            h = rotl(h, 23) * P2 + P3;
-        }
-        h ^= h >> 33;
-        h *= P2;
-        h ^= h >> 29;
-        h *= P3;
-        h ^= h >> 32;
-        dst[i] = h;
+        dst[i] = finish(at[i], end, seed, src);
     }
     return src.valid();
 }
@@ -517,67 +443,6 @@ void heap_pop(V& h) {
     h.pop_back();
 }
 
-// ------------------------------------------------------------------------------------------- memory
-
-// Large arrays (the hash index, node slab blocks) ask for transparent huge pages: a tree of long prompts holds
-// tens of MB, and faulting it in 4 KiB pages cost more than the inserts' own work (measured: ~4.6 page
-// faults per 10K-token insert into a growing tree, each several µs here). Where THP is off this is a no-op.
-constexpr size_t HUGE_PAGE = size_t{1} << 21;
-
-// Cache-line aligned memory from the system allocator (`aligned_alloc` needs macOS 10.15, so POSIX systems use
-// posix_memalign; MSVC has its own pair).
-inline void* alloc_aligned(size_t bytes) {
-    size_t size = (bytes + 63) & ~size_t{63};
-#if defined(_MSC_VER)
-    void* p = _aligned_malloc(size, 64);
-#else
-    void* p = nullptr;
-    if (posix_memalign(&p, 64, size) != 0) p = nullptr;
-#endif
-    if (p == nullptr) throw std::bad_alloc();
-    return p;
-}
-
-inline void free_aligned(void* p) {
-#if defined(_MSC_VER)
-    _aligned_free(p);
-#else
-    std::free(p);
-#endif
-}
-
-// Where huge pages exist, arrays of a huge page or more are their own 2 MiB-aligned mappings (returned to the
-// system when freed); smaller ones, and every array elsewhere, come from the aligned allocator.
-inline void* alloc_bytes(size_t bytes) {
-#if FEATHER_HUGE_PAGES
-    if (bytes >= HUGE_PAGE) {
-        size_t size = (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-        void* raw = mmap(nullptr, size + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (raw == MAP_FAILED) throw std::bad_alloc();
-        uintptr_t start = reinterpret_cast<uintptr_t>(raw);
-        uintptr_t aligned = (start + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-        if (aligned > start) munmap(raw, aligned - start);
-        if (aligned + size < start + size + HUGE_PAGE)
-            munmap(reinterpret_cast<void*>(aligned + size), start + HUGE_PAGE - aligned);
-        void* p = reinterpret_cast<void*>(aligned);
-        madvise(p, size, MADV_HUGEPAGE);
-        return p;
-    }
-#endif
-    return alloc_aligned(bytes);
-}
-
-inline void free_bytes(void* p, size_t bytes) {
-#if FEATHER_HUGE_PAGES
-    if (bytes >= HUGE_PAGE) {
-        munmap(p, (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1));
-        return;
-    }
-#endif
-    (void)bytes;
-    free_aligned(p);
-}
-
 // Whether this machine stores integers little-endian (checked at import where the compiler does not say).
 inline bool little_endian() {
     const uint32_t one = 1;
@@ -654,34 +519,6 @@ template <typename T>
 using SmallArrayAllocator = SourceAllocator<T, SmallArrays>;
 
 using Candidates = std::vector<CEntry, SmallArrayAllocator<CEntry>>;
-
-// A fixed-size array of trivially copyable items that starts all zero. Mappings of a huge page or more come
-// zeroed from the kernel, so a new array costs no write of its own (growing the hash index to 16 MB wrote
-// every slot once before moving the entries in).
-template <typename T>
-class ZeroedArray {
-  public:
-    explicit ZeroedArray(size_t n) : n_(n), p_(static_cast<T*>(alloc_bytes(n * sizeof(T)))) {
-        static_assert(std::is_trivially_copyable_v<T>);
-        if (n * sizeof(T) < HUGE_PAGE) std::memset(static_cast<void*>(p_), 0, n * sizeof(T));
-    }
-    ~ZeroedArray() { free_bytes(p_, n_ * sizeof(T)); }
-    ZeroedArray(const ZeroedArray&) = delete;
-    ZeroedArray& operator=(const ZeroedArray&) = delete;
-    void swap(ZeroedArray& other) noexcept {
-        std::swap(n_, other.n_);
-        std::swap(p_, other.p_);
-    }
-    size_t size() const { return n_; }
-    T& operator[](size_t i) { return p_[i]; }
-    const T& operator[](size_t i) const { return p_[i]; }
-    const T* begin() const { return p_; }
-    const T* end() const { return p_ + n_; }
-
-  private:
-    size_t n_;
-    T* p_;
-};
 
 // ------------------------------------------------------------------------------------------- hash map
 
@@ -2876,6 +2713,8 @@ nb::list chunk_hashes(nb::handle tokens, int64_t chunk_size, uint64_t seed) {
 
 }  // namespace
 
+void bind_page_runs(nb::module_& m);  // page_runs.cpp
+
 NB_MODULE(_core, m) {
     if (!little_endian()) throw nb::import_error("the compiled CHT core hashes little-endian words; this machine is not");
     m.doc() = "The Chunked Hash Tree's compiled core (see core.cpp); use it through sglang_feather.cht.";
@@ -2939,4 +2778,5 @@ NB_MODULE(_core, m) {
         .def("cache_clear", &Core::cache_clear)
         .def("is_cached", &Core::is_cached_id, "chunk_hash"_a.none())
         .def("_check", &Core::check);
+    bind_page_runs(m);
 }
