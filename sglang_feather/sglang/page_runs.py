@@ -167,8 +167,9 @@ class PythonPageRuns:
     ) -> int:
         """Collect the chunks that evicting `pages[i:]` uncaches while they are consecutive pages of `run`
         (SGLang lists an evicted node's pages in order); returns how many pages that was (at least 1). Each
-        page uncaches the chunk its first token belongs to, so a span takes one step per chunk (a chunk is a
-        whole number of pages), and the span is found by C-level comparisons, not a loop per page."""
+        page uncaches the chunk its first token belongs to, so a span takes one step per chunk where a chunk is a
+        whole number of pages (as SGLang's are), and the span is found by C-level comparisons, not a loop per
+        page."""
         chunk, size = self.chunk_size, run.page_size
         first = run.positions[pages[i]]
         span = min(len(run.pages) - first, len(pages) - i)
@@ -178,7 +179,11 @@ class PythonPageRuns:
             span = 1
         lo = run.start + first * size
         hi = run.start + (first + span - 1) * size
-        for boundary in range(lo - lo % chunk + chunk, hi - hi % chunk + chunk + 1, chunk):
+        if chunk % size == 0:
+            ends = range(lo - lo % chunk + chunk, hi - hi % chunk + chunk + 1, chunk)
+        else:  # pages straddle chunk ends: only the chunks holding a page's first token go
+            ends = dict.fromkeys(o - o % chunk + chunk for o in range(lo, hi + 1, size))
+        for boundary in ends:
             chunk_hash = run.chunks.get(boundary)
             if chunk_hash is not None:
                 gone[chunk_hash] = None

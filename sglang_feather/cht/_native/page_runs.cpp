@@ -400,9 +400,10 @@ class PageRuns {
         Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
         PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
         pages_.resize(static_cast<size_t>(n));
-        for (Py_ssize_t i = 0; i < n; ++i)
+        for (Py_ssize_t i = 0; i < n; ++i) {
             if (i + AHEAD_ITEMS < n) FEATHER_PREFETCH(items[i + AHEAD_ITEMS]);
             if (!read_page(items[i], pages_[static_cast<size_t>(i)])) return false;
+        }
         return true;
     }
 
@@ -413,9 +414,10 @@ class PageRuns {
         Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
         PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
         tokens_.resize(static_cast<size_t>(n));
-        for (Py_ssize_t i = 0; i < n; ++i)
+        for (Py_ssize_t i = 0; i < n; ++i) {
             if (i + AHEAD_ITEMS < n) FEATHER_PREFETCH(items[i + AHEAD_ITEMS]);
             if (!read_token(items[i], tokens_[static_cast<size_t>(i)])) return false;
+        }
         return true;
     }
 
