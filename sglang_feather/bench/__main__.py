@@ -1,13 +1,19 @@
-"""Command line: `python -m sglang_feather.bench {overhead,chunk-size,adapter,soak} [options]`."""
+"""Command line: `python -m sglang_feather.bench {overhead,chunk-size,adapter,events,soak} [options]`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from sglang_feather.bench import adapter, chunk_size, overhead, soak
+from sglang_feather.bench import adapter, chunk_size, events, overhead, soak
 
-SUBCOMMANDS = {"overhead": overhead, "chunk-size": chunk_size, "adapter": adapter, "soak": soak}
+SUBCOMMANDS = {
+    "overhead": overhead,
+    "chunk-size": chunk_size,
+    "adapter": adapter,
+    "events": events,
+    "soak": soak,
+}
 """Subcommand -> module providing `add_arguments(parser)` and `main(args) -> int` (its docstring is the help)."""
 
 

@@ -10,6 +10,7 @@ import time
 from dataclasses import asdict
 
 from sglang_feather.bench.cli_types import add_json_flag, int_list, publish
+from sglang_feather.bench.events import PAGE_SIZES, table
 from sglang_feather.bench.report import machine_line
 from sglang_feather.cht import backend_name
 
@@ -73,7 +74,7 @@ def run(
                 )
     events = [
         asdict(engine.measure_events(page_size, prompt_len))
-        for page_size in EVENT_PAGE_SIZES
+        for page_size in PAGE_SIZES
         for prompt_len in prompt_lens
     ]
     meta = {
@@ -99,10 +100,6 @@ def run(
         "cht_backend": backend_name(),
     }
     return {"meta": meta, "cells": cells, "events": events}
-
-
-EVENT_PAGE_SIZES = (1, 16)
-"""SGLang's page size on this CPU server (and most GPU attention backends), and a paged one."""
 
 
 def _spread(value: dict, scale: float, digits: int) -> str:
@@ -138,21 +135,7 @@ def markdown(result: dict) -> str:
             f"| {_spread(c['decode_step_s'], 1e6, 1)} | {_spread(c['self_check_s'], 1e3, 2)} "
             f"| {c['arrive_s'] * 1e6:.0f} |"
         )
-    lines += [
-        "",
-        "Cache tier feed (SGLang's own KV events of a server-built cache, translated and stored by Feather, "
-        "round after round in one cache: median [range]; SGLang's cost of recording them not included):",
-        "",
-        "| page | prompt | prompts a round | chunks a round | translator | store µs/chunk | first round's store "
-        "| evict µs/chunk |",
-        "|---:|---:|---:|---:|---|---|---:|---|",
-    ]
-    for e in result.get("events", ()):
-        lines.append(
-            f"| {e['page_size']} | {e['prompt_len']} | {e['num_prompts']} | {e['num_chunks']} "
-            f"| {e['page_runs']} | {_spread(e['store_us_per_chunk'], 1, 2)} "
-            f"| {e['first_store_us_per_chunk']:.2f} | {_spread(e['evict_us_per_chunk'], 1, 2)} |"
-        )
+    lines += ["", *table(result.get("events", ()))]
     return "\n".join(lines)
 
 

@@ -205,44 +205,67 @@ class EventCost:
     evict_us_per_chunk: Spread
     first_store_us_per_chunk: float
     """The first round's store, into empty tables (every later round reuses what the first one grew)."""
+    record_us_per_chunk: Spread
+    """SGLang's own cost of recording the same store events, per chunk: inserting the prompts with events on
+    and draining them (`take_events`), less inserting them into a twin cache with events off."""
     page_runs: str
     """Which `PageRuns` twin translated (`native` or `python`)."""
 
 
+TWINS = {"native": "NativePageRuns", "python": "PythonPageRuns"}
+"""`measure_events`'s twin names -> the class in sglang_feather.sglang.page_runs."""
+
+
 def measure_events(
-    page_size: int, prompt_len: int, num_prompts: int = 20, rounds: int = 5, seed: int = 0
+    page_size: int,
+    prompt_len: int,
+    num_prompts: int = 20,
+    rounds: int = 5,
+    seed: int = 0,
+    twin: str | None = None,
 ) -> EventCost:
     """Round after round in one server-built tree cache with events on (as a server's cache lives): cache
     `num_prompts` fresh unrelated prompts, feed their store events to Feather's translator, evict everything,
-    feed those events; each feed timed per chunk. SGLang's own cost of recording the events (hashing every
-    page) is not included."""
+    feed those events; each feed timed per chunk. The same prompts also go into a twin cache with events off,
+    so SGLang's own recording cost is measured beside Feather's. `twin`: `native`, `python` or None (the one
+    matching the CHT core, as a server picks)."""
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
     from sglang_feather.admission import Admission
     from sglang_feather.offline.sglang_objects import cache_prompt
+    from sglang_feather.sglang import page_runs
     from sglang_feather.sglang.cache_events import EventTranslator
-    from sglang_feather.sglang.page_runs import NativePageRuns
 
     config = AdmissionConfig(page_size=page_size, cache_events=True)
-    cache = make_radix_cache(
-        page_size=page_size, num_kv_tokens=num_prompts * prompt_len + 1024, kv_events=True
-    )
+    caches = [
+        make_radix_cache(page_size=page_size, num_kv_tokens=num_prompts * prompt_len + 1024, kv_events=on)
+        for on in (True, False)
+    ]
+    cache, silent = caches
     cache.take_events()
     admission = Admission.from_config(config)
-    translator = EventTranslator(admission, config.chunk_size)
+    runs = None if twin is None else getattr(page_runs, TWINS[twin])(config.chunk_size)
+    translator = EventTranslator(admission, config.chunk_size, runs=runs)
     rng = np.random.default_rng(seed)
-    stores, evicts = [], []
+    stores, evicts, records = [], [], []
     num_chunks = 0
     for _ in range(rounds):
-        for _ in range(num_prompts):
-            cache_prompt(cache, rng.integers(1, 30000, prompt_len).tolist())
-        stored = cache.take_events()
+        prompts = [rng.integers(1, 30000, prompt_len).tolist() for _ in range(num_prompts)]
         with gc_disabled():
             t0 = time.perf_counter()
+            for tokens in prompts:
+                cache_prompt(cache, tokens)
+            stored = cache.take_events()
+            t1 = time.perf_counter()
+            for tokens in prompts:
+                cache_prompt(silent, tokens)
+            t2 = time.perf_counter()
             translator.feed(stored)
-            store_s = time.perf_counter() - t0
+            store_s = time.perf_counter() - t2
+        record_s = (t1 - t0) - (t2 - t1)
         num_chunks = admission.tree.num_cached
-        cache.evict(EvictParams(num_tokens=num_prompts * prompt_len))
+        for each in caches:
+            each.evict(EvictParams(num_tokens=num_prompts * prompt_len))
         evicted = cache.take_events()
         with gc_disabled():
             t0 = time.perf_counter()
@@ -252,6 +275,7 @@ def measure_events(
             raise RuntimeError(f"{admission.tree.num_cached} chunks still cached after evicting everything")
         stores.append(store_s / num_chunks * 1e6)
         evicts.append(evict_s / num_chunks * 1e6)
+        records.append(record_s / num_chunks * 1e6)
     return EventCost(
         page_size=page_size,
         prompt_len=prompt_len,
@@ -260,5 +284,6 @@ def measure_events(
         store_us_per_chunk=Spread.of(stores),
         evict_us_per_chunk=Spread.of(evicts),
         first_store_us_per_chunk=stores[0],
-        page_runs="native" if isinstance(translator.runs, NativePageRuns) else "python",
+        record_us_per_chunk=Spread.of(records),
+        page_runs="native" if isinstance(translator.runs, page_runs.NativePageRuns) else "python",
     )

@@ -93,7 +93,12 @@ class PythonPageRuns:
         """The engine stored `pages` (holding `tokens`) below the page `parent` (None: at a prompt's start):
         the hashes of the chunks that end in the chain and the chunk before it, or None if refused."""
         pages = _listed(pages)
-        if pages is None or not 1 <= page_size < 2**32 or not pages or not all(type(p) is int and p in _INT64 for p in pages):
+        if (
+            pages is None
+            or not 1 <= page_size < 2**32
+            or not pages
+            or not all(type(p) is int and p in _INT64 for p in pages)
+        ):
             return None
         try:
             data = token_bytes(tokens)

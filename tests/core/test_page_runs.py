@@ -28,9 +28,15 @@ class PageModel:
         self.pages: dict[int, tuple[tuple[int, ...], int, int]] = {}
 
     def store(self, parent, pages, tokens, page_size):
-        ok_pages = pages and all(type(p) is int and p in INT64 for p in pages) and len(set(pages)) == len(pages)
+        ok_pages = (
+            pages and all(type(p) is int and p in INT64 for p in pages) and len(set(pages)) == len(pages)
+        )
         ok_tokens = all(type(t) is int and 0 <= t < 2**32 for t in tokens)
-        if not ok_pages or not ok_tokens or not (len(pages) - 1) * page_size < len(tokens) <= len(pages) * page_size:
+        if (
+            not ok_pages
+            or not ok_tokens
+            or not (len(pages) - 1) * page_size < len(tokens) <= len(pages) * page_size
+        ):
             return None
         if parent is None:
             before = ()
@@ -96,7 +102,11 @@ class TwinsVsModel(RuleBasedStateMachine):
     def filled(self, n, data):
         """Tokens that fill n pages (the last one partly or wholly)."""
         extra = data.draw(st.integers(1, self.page))
-        return data.draw(st.lists(st.integers(0, 5), min_size=(n - 1) * self.page + extra, max_size=(n - 1) * self.page + extra))
+        return data.draw(
+            st.lists(
+                st.integers(0, 5), min_size=(n - 1) * self.page + extra, max_size=(n - 1) * self.page + extra
+            )
+        )
 
     @rule(n=st.integers(1, 6), data=st.data())
     def store_at_start(self, n, data):
@@ -115,7 +125,9 @@ class TwinsVsModel(RuleBasedStateMachine):
         if not self.model.pages:
             return
         known = sorted(self.model.pages)
-        pages = data.draw(st.lists(st.sampled_from(known), min_size=1, max_size=min(n, len(known)), unique=True))
+        pages = data.draw(
+            st.lists(st.sampled_from(known), min_size=1, max_size=min(n, len(known)), unique=True)
+        )
         parent = data.draw(st.none() | st.sampled_from(sorted(self.model.pages)))
         self.store(parent, pages, self.filled(len(pages), data))
 
@@ -124,7 +136,9 @@ class TwinsVsModel(RuleBasedStateMachine):
         """Refused whole, by all three alike: an unknown parent, unfilled pages, a page twice, bad ids."""
         n = max(1, -(-len(tokens) // self.page))
         pages = self.new_pages(n)
-        kind = data.draw(st.sampled_from(["unknown parent", "short", "long", "twice", "bad id", "bad page", "any"]))
+        kind = data.draw(
+            st.sampled_from(["unknown parent", "short", "long", "twice", "bad id", "bad page", "any"])
+        )
         if kind == "unknown parent":
             self.store(spread(10**9 + self.next_page), pages, tokens)
         elif kind == "short":
@@ -180,7 +194,10 @@ def test_twins_match_the_model():
     run_state_machine_as_test(
         TwinsVsModel,
         settings=settings(
-            max_examples=300, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+            max_examples=300,
+            stateful_step_count=30,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
         ),
     )
 
@@ -191,7 +208,10 @@ def test_a_resume_mid_chain_gives_the_prefix_hashes(twin):
     prefix does, with the chunk before it, on a chunk size that is no multiple of xxh64's 8-token stripe."""
     runs = twin(5)
     first = list(range(100, 123))
-    assert runs.store(None, [1, 2, 3, 4, 5, 6], first, 4) == ([digest(first[:b]) for b in (5, 10, 15, 20)], None)
+    assert runs.store(None, [1, 2, 3, 4, 5, 6], first, 4) == (
+        [digest(first[:b]) for b in (5, 10, 15, 20)],
+        None,
+    )
     chain, before = runs.store(3, [7, 8], [9] * 8, 4)  # below page 3: tokens [0, 12) then 8 new ones
     assert before == digest(first[:10])
     assert chain == [digest(first[:12] + [9] * 3), digest(first[:12] + [9] * 8)]
