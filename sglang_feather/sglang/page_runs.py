@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Protocol
 
 import xxhash
@@ -22,9 +23,10 @@ from sglang_feather.types import ChunkHash
 # token is; evicting a page uncaches the chunk its first token belongs to, if that chunk ends in the page's
 # run (the cache tier drops whatever extends it). A run goes with its last mapped page. Malformed events
 # (tokens that do not fill the pages, a page named twice, a parent page never seen or past its run's
-# tokens, ids outside [0, 2**32), hashes outside int64) are refused whole and change nothing.
+# tokens, ids outside [0, 2**32)) are refused whole and change nothing. Page hashes are the engine's int64s
+# (SGLang's are signed 64-bit); the compiled twin refuses any other, this one keys a dict by whatever comes
+# (checking each one cost more than the rest of a page-size-1 store).
 
-_INT64 = range(-(2**63), 2**63)
 _Stored = tuple[list[ChunkHash], ChunkHash | None]
 
 
@@ -54,11 +56,18 @@ class _Run:
     tokens: bytes
     """Its token ids, 4-byte little-endian (what the CHT hashes)."""
     pages: list[int]
-    positions: dict[int, int]
-    """Page hash -> its index in `pages`."""
     page_size: int
     chunks: dict[int, ChunkHash] = field(default_factory=dict)
     """End offset -> hash of every chunk that ends inside this run."""
+    positions: dict[int, int] | None = None
+    """Page hash -> its index in `pages`, built on the first lookup past the first page."""
+
+    def index(self, page: int) -> int:
+        if self.pages[0] == page:  # a whole chain evicted, or a chain below its first page: no map needed
+            return 0
+        if self.positions is None:
+            self.positions = dict(zip(self.pages, range(len(self.pages)), strict=True))
+        return self.positions[page]
 
     @property
     def end(self) -> int:
@@ -93,12 +102,7 @@ class PythonPageRuns:
         """The engine stored `pages` (holding `tokens`) below the page `parent` (None: at a prompt's start):
         the hashes of the chunks that end in the chain and the chunk before it, or None if refused."""
         pages = _listed(pages)
-        if (
-            pages is None
-            or not 1 <= page_size < 2**32
-            or not pages
-            or not all(type(p) is int and p in _INT64 for p in pages)
-        ):
+        if not pages or not 1 <= page_size < 2**32:
             return None
         try:
             data = token_bytes(tokens)
@@ -107,9 +111,6 @@ class PythonPageRuns:
         num_tokens = len(data) // 4
         if not (len(pages) - 1) * page_size < num_tokens <= len(pages) * page_size:
             return None
-        positions = dict(zip(pages, range(len(pages)), strict=True))
-        if len(positions) != len(pages):
-            return None
         chunk = self.chunk_size
         if parent is None:
             start, state, chunk_before = 0, xxhash.xxh64(seed=0), None
@@ -117,11 +118,14 @@ class PythonPageRuns:
             above = self._runs.get(parent) if type(parent) is int else None
             if above is None:
                 return None
-            start = above.start + (above.positions[parent] + 1) * above.page_size
+            start = above.start + (above.index(parent) + 1) * above.page_size
             if start > above.end:
                 return None
             state, chunk_before = above.resume(start, chunk)
-        run = _Run(start, state.copy(), chunk_before, data, pages, positions, page_size)
+        run = _Run(start, state.copy(), chunk_before, data, pages, page_size)
+        mapped = dict.fromkeys(pages, run)
+        if len(mapped) != len(pages):
+            return None
         chain = []
         offset = start
         for boundary in range(start - start % chunk + chunk, start + num_tokens + 1, chunk):
@@ -130,13 +134,16 @@ class PythonPageRuns:
             chunk_hash = ChunkHash(state.intdigest())
             run.chunks[boundary] = chunk_hash
             chain.append(chunk_hash)
-        self._runs.update(dict.fromkeys(pages, run))
+        self._runs.update(mapped)
         return chain, chunk_before
 
     def remove(self, pages: Sequence[int]) -> list[ChunkHash]:
         """The engine evicted `pages`: the chunk hashes that uncaches, each once, in first-seen order."""
         pages = _listed(pages) or []
-        runs = [self._runs.pop(page, None) if type(page) is int else None for page in pages]
+        if set(map(type, pages)) <= {int}:  # an engine's pages (one C-level pass, then one to pop)
+            runs = list(map(self._runs.pop, pages, repeat(None, len(pages))))
+        else:
+            runs = [self._pop(page) for page in pages]
         gone: dict[ChunkHash, None] = {}
         i = 0
         while i < len(pages):
@@ -150,13 +157,20 @@ class PythonPageRuns:
     def clear(self) -> None:
         self._runs.clear()
 
+    def _pop(self, page: Any) -> _Run | None:
+        try:
+            return self._runs.pop(page, None)
+        except TypeError:  # unhashable: names no page
+            return None
+
     def check_invariants(self) -> None:
         """Every mapped page is its run's, and every run's chunk hashes are its tokens' (re-hashed)."""
         from sglang_feather.cht.invariants import InvariantError
 
+        held = {id(run): set(run.pages) for run in self._runs.values()}
         for page, run in self._runs.items():
-            if page not in run.positions:
-                raise InvariantError("a page maps to a run that does not hold it")
+            if page not in held[id(run)] or len(held[id(run)]) != len(run.pages):
+                raise InvariantError("a page maps to a run that does not hold it once")
         chunk = self.chunk_size
         for run in {id(run): run for run in self._runs.values()}.values():
             state, expected, offset = run.state.copy(), {}, run.start
@@ -176,7 +190,7 @@ class PythonPageRuns:
         whole number of pages (as SGLang's are), and the span is found by C-level comparisons, not a loop per
         page."""
         chunk, size = self.chunk_size, run.page_size
-        first = run.positions[pages[i]]
+        first = run.index(pages[i])
         span = min(len(run.pages) - first, len(pages) - i)
         if span > 1 and not (
             runs[i : i + span].count(run) == span and pages[i : i + span] == run.pages[first : first + span]
