@@ -26,4 +26,12 @@ if [ -f "$MODULE" ] && [ -z "$newer" ] && [ -z "${SGLANG_FEATHER_NATIVE:-}" ]; t
   SGLANG_FEATHER_NATIVE=OFF "$V/bin/python" -m pip --disable-pip-version-check -q install --no-compile "$@" --no-deps -e "$ROOT"
 else
   "$V/bin/python" -m pip --disable-pip-version-check -q install --no-compile "$@" --no-deps -e "$ROOT"
+  # A failed build installs nothing, which in a checkout leaves the previous module in place: remove it if it
+  # is older than the sources, so the Python core runs (with its warning) instead of code the sources no
+  # longer say, and the setup scripts' final NativeTree import fails loudly.
+  if [ -n "$newer" ] && [ -f "$MODULE" ] && [ -n "$(find "$ROOT/CMakeLists.txt" "$NATIVE" -maxdepth 1 -type f \
+      \( -name CMakeLists.txt -o -name '*.cmake' -o -name '*.cpp' -o -name '*.h' \) -newer "$MODULE" -print -quit)" ]; then
+    echo "sglang-feather: the compiled CHT core did not rebuild (see the warnings above); removing the stale $MODULE" >&2
+    rm -f "$MODULE"
+  fi
 fi
