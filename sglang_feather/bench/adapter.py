@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 from dataclasses import asdict
 
 from sglang_feather.bench.cli_types import add_json_flag, int_list, publish
 from sglang_feather.bench.events import PAGE_SIZES, table
-from sglang_feather.bench.report import machine_line
+from sglang_feather.bench.report import machine_line, run_meta
 from sglang_feather.cht import backend_name
 
 PASS_DEFINITION = (
@@ -36,9 +35,6 @@ def run(
     stopper: str | None = None,
     progress=None,
 ) -> dict:
-    import sglang
-    import torch
-
     from sglang_feather.offline import bench_adapter as engine
 
     stopper = stopper or engine.STOPPER
@@ -78,16 +74,7 @@ def run(
         for prompt_len in prompt_lens
     ]
     meta = {
-        "versions": {
-            "sglang": sglang.__version__,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-        },
-        "cpu_count": os.cpu_count(),
-        "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg(),
-        "wall_s": time.time() - started,
-        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        **run_meta(started, load_before),
         "baseline": engine.BASELINE,
         "workload": f"{engine.NUM_GROUPS} groups, Zipf({engine.ZIPF_ALPHA}) popularity, 5L/8-token shared "
         "prefixes; the running prompts are in the tree cache",

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import time
 from dataclasses import asdict
 
 from sglang_feather.bench.cli_types import add_json_flag, int_list, publish
-from sglang_feather.bench.report import machine_line
+from sglang_feather.bench.report import machine_line, run_meta
 from sglang_feather.cht import backend_name
 
 PAGE_SIZES = (1, 16)
@@ -18,9 +17,6 @@ TWIN_NAMES = ("native", "python")
 
 
 def run(page_sizes, prompt_lens, num_prompts: int, rounds: int, twins, seed: int = 0) -> dict:
-    import sglang
-    import torch
-
     from sglang_feather.offline.bench_adapter import measure_events
 
     started = time.time()
@@ -32,16 +28,7 @@ def run(page_sizes, prompt_lens, num_prompts: int, rounds: int, twins, seed: int
         for twin in twins
     ]
     meta = {
-        "versions": {
-            "sglang": sglang.__version__,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-        },
-        "cpu_count": os.cpu_count(),
-        "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg(),
-        "wall_s": time.time() - started,
-        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        **run_meta(started, load_before),
         "cht_backend": backend_name(),
         "rounds": rounds,
     }

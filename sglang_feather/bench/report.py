@@ -198,6 +198,29 @@ def read_table(result: dict) -> list[str]:
     return lines
 
 
+def run_meta(started: float, load_before: tuple[float, float, float]) -> dict:
+    """What every benchmark's report starts from: versions, CPUs, load around the run, its wall time."""
+    import os
+    import platform
+    import time
+
+    import sglang
+    import torch
+
+    return {
+        "versions": {
+            "sglang": sglang.__version__,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+        "cpu_count": os.cpu_count(),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "wall_s": time.time() - started,
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+    }
+
+
 def machine_line(meta: dict) -> str:
     """Versions, CPUs and load around the run, from a benchmark's `meta` (the start of its report)."""
     v = meta["versions"]

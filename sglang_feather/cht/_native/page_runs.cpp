@@ -393,30 +393,21 @@ class PageRuns {
     }
 
   private:
-    bool read_pages(nb::handle pages) {
-        pages_.clear();
-        nb::object seq = fast_sequence(pages);
-        if (!seq.is_valid()) return false;
-        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
-        PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
-        pages_.resize(static_cast<size_t>(n));
-        for (Py_ssize_t i = 0; i < n; ++i) {
-            if (i + AHEAD_ITEMS < n) FEATHER_PREFETCH(items[i + AHEAD_ITEMS]);
-            if (!read_page(items[i], pages_[static_cast<size_t>(i)])) return false;
-        }
-        return true;
-    }
+    bool read_pages(nb::handle pages) { return read_all(pages, pages_, read_page); }
+    bool read_tokens(nb::handle tokens) { return read_all(tokens, tokens_, read_token); }
 
-    bool read_tokens(nb::handle tokens) {
-        tokens_.clear();
-        nb::object seq = fast_sequence(tokens);
+    // Every item of a sequence through `read` into `out`; false (out garbage) at the first it refuses.
+    template <typename T, typename Read>
+    static bool read_all(nb::handle sequence, std::vector<T>& out, Read read) {
+        out.clear();
+        nb::object seq = fast_sequence(sequence);
         if (!seq.is_valid()) return false;
         Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
         PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
-        tokens_.resize(static_cast<size_t>(n));
+        out.resize(static_cast<size_t>(n));
         for (Py_ssize_t i = 0; i < n; ++i) {
             if (i + AHEAD_ITEMS < n) FEATHER_PREFETCH(items[i + AHEAD_ITEMS]);
-            if (!read_token(items[i], tokens_[static_cast<size_t>(i)])) return false;
+            if (!read(items[i], out[static_cast<size_t>(i)])) return false;
         }
         return true;
     }
