@@ -123,7 +123,10 @@ class PythonPageRuns:
                 return None
             state, chunk_before = above.resume(start, chunk)
         run = _Run(start, state.copy(), chunk_before, data, pages, page_size)
-        mapped = dict.fromkeys(pages, run)
+        try:
+            mapped = dict.fromkeys(pages, run)
+        except TypeError:  # an unhashable page
+            return None
         if len(mapped) != len(pages):
             return None
         chain = []

@@ -237,6 +237,7 @@ def test_the_compiled_twin_refuses_page_hashes_outside_int64():
         assert runs.store(None, [1, bad], [5] * 8, 4) is None
         assert runs.store(bad, [2], [5] * 4, 4) is None
     assert runs.num_pages == 0
+    assert PythonPageRuns(4).store(None, [1, [2]], [5] * 8, 4) is None, "an unhashable page, refused"
     assert runs.store(None, [2**63 - 1, -(2**63)], [5] * 8, 4) == ([digest([5] * 4), digest([5] * 8)], None)
     assert runs.remove([2**70, None, [1], 2**63 - 1]) == [digest([5] * 4)]
     runs.check_invariants()
