@@ -20,10 +20,11 @@ logger = logging.getLogger(__name__)
 # the translator hands each event's pages and tokens to a `PageRuns` twin (page_runs.py; the compiled one
 # with the compiled CHT core), which keeps every stored chain's hashing state and returns the chunk chain a
 # store caches, or the chunks an eviction uncaches (the compiled twin in O(the event's pages and tokens + one
-# chunk); page_runs.cpp says how). The Rust tree core reports a node per event, the Python one a page per event. Events for another storage medium
-# (HiCache's host tier), a cache salt or a LoRA adapter's namespace, and events the twin refuses (a chain
-# below a page never seen, bigram (EAGLE) pages, tokens that do not fill their pages), are counted and
-# skipped: Feather ranks only default-namespace prompts by what the device cache holds.
+# chunk); page_runs.cpp says how). The Rust tree core reports a node per event, the Python one a page per
+# event. Events for another storage medium (HiCache's host tier), a cache salt or a LoRA adapter's
+# namespace, and events the twin refuses (a chain below a page never seen, bigram (EAGLE) pages, tokens that
+# do not fill their pages), are counted and skipped: Feather ranks only default-namespace prompts by what the
+# device cache holds.
 
 GPU_MEDIUM = "GPU"
 

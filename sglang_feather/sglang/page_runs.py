@@ -73,6 +73,16 @@ class _Run:
     def end(self) -> int:
         return self.start + len(self.tokens) // 4
 
+    def hash_chunks(self, chunk_size: int) -> dict[int, ChunkHash]:
+        """End offset -> hash of every chunk that ends in this run, from its state and tokens (what a store
+        records, and what `check_invariants` recomputes)."""
+        state, hashes, offset = self.state.copy(), {}, self.start
+        for boundary in range(self.start - self.start % chunk_size + chunk_size, self.end + 1, chunk_size):
+            state.update(self.tokens[4 * (offset - self.start) : 4 * (boundary - self.start)])
+            offset = boundary
+            hashes[boundary] = ChunkHash(state.intdigest())
+        return hashes
+
     def resume(self, end: int, chunk_size: int) -> tuple[Any, ChunkHash | None]:
         """The xxh64 state over every token before `end` (inside this run) and the chunk that ends at or
         before `end`."""
@@ -122,23 +132,16 @@ class PythonPageRuns:
             if start > above.end:
                 return None
             state, chunk_before = above.resume(start, chunk)
-        run = _Run(start, state.copy(), chunk_before, data, pages, page_size)
+        run = _Run(start, state, chunk_before, data, pages, page_size)
         try:
             mapped = dict.fromkeys(pages, run)
         except TypeError:  # an unhashable page
             return None
         if len(mapped) != len(pages):
             return None
-        chain = []
-        offset = start
-        for boundary in range(start - start % chunk + chunk, start + num_tokens + 1, chunk):
-            state.update(data[4 * (offset - start) : 4 * (boundary - start)])
-            offset = boundary
-            chunk_hash = ChunkHash(state.intdigest())
-            run.chunks[boundary] = chunk_hash
-            chain.append(chunk_hash)
+        run.chunks = run.hash_chunks(chunk)
         self._runs.update(mapped)
-        return chain, chunk_before
+        return list(run.chunks.values()), chunk_before
 
     def remove(self, pages: Sequence[int]) -> list[ChunkHash]:
         """The engine evicted `pages`: the chunk hashes that uncaches, each once, in first-seen order."""
@@ -174,14 +177,8 @@ class PythonPageRuns:
         for page, run in self._runs.items():
             if page not in held[id(run)] or len(held[id(run)]) != len(run.pages):
                 raise InvariantError("a page maps to a run that does not hold it once")
-        chunk = self.chunk_size
         for run in {id(run): run for run in self._runs.values()}.values():
-            state, expected, offset = run.state.copy(), {}, run.start
-            for boundary in range(run.start - run.start % chunk + chunk, run.end + 1, chunk):
-                state.update(run.tokens[4 * (offset - run.start) : 4 * (boundary - run.start)])
-                offset = boundary
-                expected[boundary] = ChunkHash(state.intdigest())
-            if expected != run.chunks:
+            if run.hash_chunks(self.chunk_size) != run.chunks:
                 raise InvariantError("a run's chunk hashes are not those of its tokens")
 
     def _uncache_span(

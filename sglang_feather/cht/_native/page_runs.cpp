@@ -292,12 +292,11 @@ class PageRuns {
         }
         fresh.tokens.insert(fresh.tokens.end(), tokens_.begin(), tokens_.end());
         fresh.pages = pages_;
-        hash_chunks(fresh);
+        hash_chunks(fresh, fresh.chunks, fresh.chunk_lanes);
 
         uint32_t id = new_run();
         if (!place_pages(id)) {
-            runs_[id] = Run{};
-            free_.push_back(id);
+            release(id);
             return nb::none();
         }
         Run& run = runs_[id];
@@ -373,20 +372,11 @@ class PageRuns {
             uint64_t spanned = run.end() - run.start, n = run.pages.size();
             if (spanned <= (n - 1) * run.page_size || spanned > n * run.page_size)
                 return "a run's tokens do not fill its pages";
-            Lanes lanes = run.lanes;
-            RunTokens src = run.reader();
-            uint64_t at = run.base;
-            size_t k = 0;
-            for (uint64_t e = run.first_end(chunk_); e <= run.end(); e += chunk_, ++k) {
-                advance(lanes, src, at, floor_stripe(e));
-                at = floor_stripe(e);
-                if (k >= run.chunks.size()) return "a run lacks a chunk that ends in it";
-                const Lanes& l = run.chunk_lanes[k];
-                if (l.v1 != lanes.v1 || l.v2 != lanes.v2 || l.v3 != lanes.v3 || l.v4 != lanes.v4)
-                    return "a run's accumulators at a chunk end are wrong";
-                if (finish(lanes, e, 0, src) != run.chunks[k]) return "a run's chunk hash is wrong";
-            }
-            if (k != run.chunks.size() || k != run.chunk_lanes.size()) return "a run holds a chunk that does not end in it";
+            std::vector<uint64_t> chunks;
+            std::vector<Lanes> lanes;
+            hash_chunks(run, chunks, lanes);
+            if (chunks != run.chunks) return "a run's chunk hashes are not its tokens'";
+            if (lanes != run.chunk_lanes) return "a run's accumulators at its chunk ends are not its tokens'";
         }
         if (num_free != free_.size()) return "the free list is not the unused runs";
         return "";
@@ -435,15 +425,17 @@ class PageRuns {
         fresh.tokens.assign(ids + fresh.base, ids + at);
     }
 
-    void hash_chunks(Run& run) const {
-        Lanes lanes = run.lanes;
+    // The hash of every chunk ending in `run` and the accumulators at each one's end rounded down to a stripe,
+    // from the run's own accumulators and tokens (what a store records, and what `check` recomputes).
+    void hash_chunks(const Run& run, std::vector<uint64_t>& chunks, std::vector<Lanes>& lanes) const {
+        Lanes acc = run.lanes;
         RunTokens src = run.reader();
         uint64_t at = run.base, end = run.end();
         for (uint64_t e = run.first_end(chunk_); e <= end; e += chunk_) {
-            advance(lanes, src, at, floor_stripe(e));
+            advance(acc, src, at, floor_stripe(e));
             at = floor_stripe(e);
-            run.chunk_lanes.push_back(lanes);
-            run.chunks.push_back(finish(lanes, e, 0, src));
+            lanes.push_back(acc);
+            chunks.push_back(finish(acc, e, 0, src));
         }
     }
 

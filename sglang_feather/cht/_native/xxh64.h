@@ -37,6 +37,8 @@ inline uint64_t merge64(uint64_t acc, uint64_t v) {
 
 struct Lanes {  // xxh64's four accumulators after some number of whole 32-byte stripes (8 token ids)
     uint64_t v1, v2, v3, v4;
+    bool operator==(const Lanes& o) const { return v1 == o.v1 && v2 == o.v2 && v3 == o.v3 && v4 == o.v4; }
+    bool operator!=(const Lanes& o) const { return !(*this == o); }
 };
 
 inline Lanes initial_lanes(uint64_t seed) { return Lanes{seed + P1 + P2, seed + P2, seed, seed - P1}; }
