@@ -84,6 +84,10 @@ def _sglang_argv(spec: ServerSpec, python: str, port: int) -> list[str]:
 SGLANG_DEVICES = {
     # SGLang's CPU path with the project's scaffolding (scaffold/cpu): no sgl_kernel op runs for a Llama.
     # --sleep-on-idle: an idle scheduler otherwise spins on a whole core, starving its neighbours.
+    # --max-total-tokens sizes the KV pool. --mem-fraction-static only gates start-up: SGLang charges every byte
+    # that left the host's free memory while the weights loaded against the fraction, so at 0.1 a neighbour
+    # allocating 10 % of free memory in those seconds fails the start ("Loaded weights leave no GPU memory for
+    # the KV cache"; a CI run under 4 parallel test lanes, 2026-12-03). At 0.9 the pool is still the tokens asked.
     "cpu": DeviceProfile(
         args=(
             "--sleep-on-idle",
@@ -99,7 +103,7 @@ SGLANG_DEVICES = {
             "--max-total-tokens",
             "65536",
             "--mem-fraction-static",
-            "0.1",
+            "0.9",
         ),
         env={"SGLANG_USE_CPU_ENGINE": "1"},
     ),
