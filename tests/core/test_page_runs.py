@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 
 import pytest
@@ -186,11 +187,15 @@ class TwinsVsModel(RuleBasedStateMachine):
             assert twin.num_pages == len(self.model.pages), type(twin).__name__
 
 
+MAX_EXAMPLES = 50 if os.environ.get("FEATHER_TEST_FAST") == "1" else 150
+"""Sequences per run: each drives both twins and hashes every page's whole prefix from scratch in the model."""
+
+
 def test_twins_match_the_model():
     run_state_machine_as_test(
         TwinsVsModel,
         settings=settings(
-            max_examples=300,
+            max_examples=MAX_EXAMPLES,
             stateful_step_count=30,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],
