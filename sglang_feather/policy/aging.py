@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from bisect import insort
 from collections import deque
 
 DEFAULT_MAX_WAIT_S = 300.0
@@ -33,9 +34,8 @@ guard follows changes in load within this many)."""
 # 1-4 % of throughput on KV-limited workloads.
 
 
-def _median(values: deque[float]) -> float:
-    """`statistics.median` of a non-empty deque, without its per-call checks (once per admission)."""
-    ordered = sorted(values)
+def _median(ordered: list[float]) -> float:
+    """`statistics.median` of a non-empty sorted list, without its per-call checks or sort."""
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
@@ -55,6 +55,8 @@ class AgingGuard:
         self.when_overtaken = when_overtaken
         self._recent: deque[float] = deque(maxlen=LEAD_WINDOW)
         """Waits of the last admitted requests (any, aged or not)."""
+        self._ordered: list[float] = []
+        """`_recent` sorted, kept in step with it (a served wait costs a bisection, not a sort)."""
         self._due_s: float | None = None
         self._update_due()
 
@@ -73,19 +75,31 @@ class AgingGuard:
             return
         due = self.max_wait_s - self.lead_s
         if self.when_overtaken and len(self._recent) == self._recent.maxlen:
-            due = min(due, _median(self._recent))
+            due = min(due, _median(self._ordered))
         self._due_s = due
 
     def served(self, wait_s: float) -> None:
         """Any request was admitted after waiting `wait_s` (kept only for the overtaken rule)."""
         if self.when_overtaken:
-            self._recent.append(wait_s)
+            self._keep(wait_s)
             self._update_due()
+
+    def _keep(self, wait_s: float) -> None:
+        recent, ordered = self._recent, self._ordered
+        if len(recent) == recent.maxlen:
+            ordered.remove(recent[0])
+        recent.append(wait_s)
+        insort(ordered, wait_s)
 
     def served_all(self, waits_s: list[float]) -> None:
         """`served` for each wait, in order (the due wait is worked out once)."""
         if self.when_overtaken and waits_s:
-            self._recent.extend(waits_s)
+            if len(waits_s) < LEAD_WINDOW:
+                for wait_s in waits_s:
+                    self._keep(wait_s)
+            else:
+                self._recent.extend(waits_s)
+                self._ordered = sorted(self._recent)
             self._update_due()
 
     def is_starved(self, wait_s: float) -> bool:
@@ -108,6 +122,7 @@ class AgingGuard:
         twin = copy.copy(self)
         twin._delays = self._delays.copy()
         twin._recent = self._recent.copy()
+        twin._ordered = self._ordered.copy()
         return twin
 
     def __repr__(self) -> str:

@@ -1,6 +1,5 @@
 import math
 import statistics
-from collections import deque
 
 import pytest
 from hypothesis import given
@@ -110,4 +109,28 @@ def test_normalizer_zero_throughput():
 
 @given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=LEAD_WINDOW))
 def test_the_guards_median_is_statistics_median(waits):
-    assert _median(deque(waits)) == statistics.median(waits)
+    assert _median(sorted(waits)) == statistics.median(waits)
+
+
+@given(
+    st.lists(
+        st.lists(st.floats(0, 1e4, allow_nan=False), min_size=1, max_size=2 * LEAD_WINDOW + 1), max_size=12
+    )
+)
+def test_the_due_wait_follows_the_median_of_the_last_served_waits(runs):
+    """However the waits arrive (one by one or in runs, short or past the window), the due wait is the
+    bound or, once the window is full, the median of the last LEAD_WINDOW served waits (brute force)."""
+    guard = AgingGuard(1e9)
+    served: list[float] = []
+    for i, waits in enumerate(runs):
+        if i % 2:
+            guard.served_all(waits)
+        else:
+            for wait in waits:
+                guard.served(wait)
+        served += waits
+        twin = guard.clone()
+        last = served[-LEAD_WINDOW:]
+        expected = statistics.median(last) if len(last) == LEAD_WINDOW else 1e9
+        assert guard.due_wait_s == min(1e9, expected) == twin.due_wait_s
+        assert guard._ordered == sorted(last)
