@@ -61,7 +61,7 @@ class FeatherMetrics:
         )
         self._groups = Histogram(
             "sglang:feather_prefix_groups",
-            "Distinct prefix groups (first CHT chunk) in the running batch after each prefill.",
+            "Distinct prefix groups (first CHT chunk) in the running batch and the prefill batch, at each prefill.",
             buckets=GROUP_BUCKETS,
             **common,
         )
@@ -133,7 +133,8 @@ class FeatherMetrics:
     def stopped(self) -> None:
         self._stops.labels(**self.labels).inc()
 
-    def decode_batch(self, num_groups: int) -> None:
+    def prefix_groups(self, num_groups: int) -> None:
+        """Distinct prefix groups in what runs once a prefill batch launched (the running batch and it)."""
         self._groups.labels(**self.labels).observe(num_groups)
 
     def scheduler_step(self, seconds: float) -> None:

@@ -361,8 +361,9 @@ class FeatherRuntime(QueueSlots):
                     self._launched = batch.batch_size()
                 else:
                     self._launched = 0
-                    if self.metrics is not None and running is not None:
-                        self.metrics.decode_batch(self._num_groups(running.reqs))
+                    if self.metrics is not None:
+                        running_reqs = [] if running is None else list(running.reqs)
+                        self.metrics.prefix_groups(self._num_groups(running_reqs + list(batch.reqs)))
             now = self.clock()
             if self._needs_rebuild or now - self._last_check >= self.options.self_check_interval_s:
                 self._last_check = now

@@ -78,6 +78,13 @@ def decode_plan(running: ScheduleBatch) -> SimpleNamespace:
     return SimpleNamespace(batch_to_run=running, running_batch=running)
 
 
+def prefill_plan(running: ScheduleBatch, reqs: list) -> SimpleNamespace:
+    """What `get_next_batch_to_run` returns for a prefill step: a new batch of `reqs`, `running` beside it."""
+    launched = ScheduleBatch(reqs=list(reqs), batch_is_full=False)
+    launched.forward_mode = SimpleNamespace(is_decode=lambda: False)
+    return SimpleNamespace(batch_to_run=launched, running_batch=running)
+
+
 def idle_plan(running: ScheduleBatch) -> SimpleNamespace:
     return SimpleNamespace(batch_to_run=None, running_batch=running)
 

@@ -14,6 +14,7 @@ from conftest import (
     make_allocator,
     make_cache,
     make_req,
+    prefill_plan,
     scheduler_view,
 )
 from prometheus_client import CollectorRegistry
@@ -228,9 +229,9 @@ def test_prometheus_counters():
     running = batch()
     waiting = _groups_queue()
     admitted, _ = _pass(policy, cache, allocator, waiting, running)
-    running.reqs.extend(admitted)
     waiting[:] = [r for r in waiting if r not in admitted]
-    on_step_end(scheduler_view(policy, waiting), idle_plan(running))
+    on_step_end(scheduler_view(policy, waiting), prefill_plan(running, admitted))
+    running.reqs.extend(admitted)
     running.reqs.append(make_req("other-group", group_prompt(2, 48, 8, salt=50)))
     on_step_end(scheduler_view(policy, waiting), decode_plan(running))
     labels = {key: str(value) for key, value in LABELS.items()}
@@ -248,7 +249,8 @@ def test_prometheus_counters():
     assert sample("sglang:feather_reward_windows_total") == policy.feather.admission.stats.num_windows
     assert sample("sglang:feather_delta_chunks_count") == 3
     assert sample("sglang:feather_delta_chunks_sum") == policy.feather.admission.stats.sum_delta
-    assert sample("sglang:feather_prefix_groups_count") == 0, "observed after prefill steps only"
+    assert sample("sglang:feather_prefix_groups_count") == 1, "observed at prefill steps only"
+    assert sample("sglang:feather_prefix_groups_sum") == 1, "g0's three admissions, nothing running before"
     assert sample("sglang:feather_step_seconds_count") == 2
     assert sample("sglang:feather_step_seconds_sum") > 0
     assert sample("sglang:feather_drift_total") == 9, "the test queued 9 requests without the queue event"
