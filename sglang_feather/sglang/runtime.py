@@ -362,8 +362,8 @@ class FeatherRuntime(QueueSlots):
                 else:
                     self._launched = 0
                     if self.metrics is not None:
-                        running_reqs = [] if running is None else list(running.reqs)
-                        self.metrics.prefix_groups(self._num_groups(running_reqs + list(batch.reqs)))
+                        runs = batch.reqs if running is None else [*running.reqs, *batch.reqs]
+                        self.metrics.prefix_groups(self._num_groups(runs))
             now = self.clock()
             if self._needs_rebuild or now - self._last_check >= self.options.self_check_interval_s:
                 self._last_check = now
