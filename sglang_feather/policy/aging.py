@@ -14,24 +14,31 @@ LEAD_WINDOW = 16
 """Aged admissions whose delay sets the lead, and admissions whose median wait makes a request overtaken (the
 guard follows changes in load within this many)."""
 
+OVERTAKEN_EVERY = 12
+"""The overtaken rule serves at most one admission in this many. Chosen in the simulator (docs/policy.md, "Aging
+guard", where 4, 8, 12 and 16 were measured): the largest that kept every cold wait below FCFS's on three seeds
+of the starvation trace that keeps up; larger ones gave more of the ranking's order back under KV pressure."""
+
 # How it works.
 #
 # A request is *due* once its wait reaches `max_wait_s - lead_s`, or, with `when_overtaken` (the default), once
-# it has waited longer than the median of the last LEAD_WINDOW admitted requests: the ranking is overtaking it
-# (it shares nothing cached or running, or its group is smaller than the others), and arrival order would have
-# served it by now. The admission component serves at most one due request per scheduling pass before it
-# consults the ranking, and defers it only while running requests are still computing the prefix it shares
-# with them (a pass; it is due again in the next): the oldest request with nothing covered (the one the ranking
-# serves last) when it is due, else the oldest. The requests that share its prefix then rank first by coverage
-# and follow it, so a backlog of due requests does not turn the schedule into first come, first served: each
-# pass starts with at most one request in arrival order and fills the rest by the ranking. An engine may still
+# it has waited longer than the median of the last LEAD_WINDOW admitted requests and none of the last
+# OVERTAKEN_EVERY admissions was itself served as overtaken: the ranking is overtaking it (it shares nothing
+# cached or running, or its group is smaller than the others), and arrival order would have served it by now.
+# So at most one admission in OVERTAKEN_EVERY comes from the overtaken rule: a rare cold prompt among hot groups
+# is served within a few admissions, while a queue that is slow for everyone (overload, a closed-loop client,
+# where most waiting requests have waited longer than the last ones served) keeps the rest of its admissions in
+# the ranking's order instead of turning first come, first served. The admission
+# component serves at most one due request per scheduling pass before it consults the ranking, and defers it
+# only while running requests are still computing the prefix it shares with them (a pass; it is due again in
+# the next): the oldest request with nothing covered (the one the ranking serves last) when it is due, else the
+# oldest. The requests that share its prefix then rank first by coverage and follow it. An engine may still
 # refuse a due request (its KV room is short) until running requests finish; the pass then ends there, so the
 # room that frees goes to it first. The time from falling due to admission is that wait for room plus the wait
 # for a pass of its own. `lead_s` is the longest such delay over the last LEAD_WINDOW aged admissions (at most
 # half the bound), so a request falls due that much before the bound and its admission lands by the bound when
 # the load that set the lead persists. Measured in the simulator (docs/policy.md, "Aging guard"): on traces
-# where cold prompts arrive among hot groups the longest cold wait drops below FCFS's, overloaded or not, for
-# 1-4 % of throughput on KV-limited workloads.
+# where cold prompts arrive among hot groups the longest cold wait stays below FCFS's, overloaded or not.
 
 
 def _median(ordered: list[float]) -> float:
@@ -57,6 +64,8 @@ class AgingGuard:
         """Waits of the last admitted requests (any, aged or not)."""
         self._ordered: list[float] = []
         """`_recent` sorted, kept in step with it (a served wait costs a bisection, not a sort)."""
+        self._num_since_overtaken = 0
+        """Admissions since the last one the overtaken rule served, that one included (or since the start)."""
         self._due_s: float | None = None
         self._update_due()
 
@@ -74,7 +83,11 @@ class AgingGuard:
             self._due_s = None
             return
         due = self.max_wait_s - self.lead_s
-        if self.when_overtaken and len(self._recent) == self._recent.maxlen:
+        if (
+            self.when_overtaken
+            and len(self._recent) == LEAD_WINDOW
+            and self._num_since_overtaken >= OVERTAKEN_EVERY
+        ):
             due = min(due, _median(self._ordered))
         self._due_s = due
 
@@ -82,6 +95,7 @@ class AgingGuard:
         """Any request was admitted after waiting `wait_s` (kept only for the overtaken rule)."""
         if self.when_overtaken:
             self._keep(wait_s)
+            self._num_since_overtaken += 1
             self._update_due()
 
     def _keep(self, wait_s: float) -> None:
@@ -100,6 +114,7 @@ class AgingGuard:
             else:
                 self._recent.extend(waits_s)
                 self._ordered = sorted(self._recent)
+            self._num_since_overtaken += len(waits_s)
             self._update_due()
 
     def is_starved(self, wait_s: float) -> bool:
@@ -109,10 +124,14 @@ class AgingGuard:
         return due is not None and wait_s >= due
 
     def admitted(self, wait_s: float) -> None:
-        """A due request was admitted after waiting `wait_s`: the delay since it fell due sets the lead."""
+        """A due request was admitted after waiting `wait_s`: the delay since it fell due sets the lead, and one
+        due by the overtaken rule alone (short of `max_wait_s - lead_s`) closes that rule for OVERTAKEN_EVERY
+        admissions (this one included). Report it before `served`."""
         due = self.due_wait_s
         if due is None or math.isnan(wait_s):
             return
+        if wait_s < self.max_wait_s - self.lead_s:
+            self._num_since_overtaken = 0
         self._delays.append(max(0.0, wait_s - due))
         self.lead_s = min(max(self._delays), self.max_wait_s / 2)
         self._update_due()

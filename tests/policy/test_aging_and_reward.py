@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sglang_feather.policy import DEFAULT_MAX_WAIT_S, AgingGuard, RewardNormalizer
-from sglang_feather.policy.aging import LEAD_WINDOW, _median
+from sglang_feather.policy.aging import LEAD_WINDOW, OVERTAKEN_EVERY, _median
 
 
 def test_aging_guard_fires_at_the_bound_and_not_before():
@@ -48,6 +48,22 @@ def test_a_request_is_due_once_it_waited_longer_than_the_median_recent_admission
     for _ in range(LEAD_WINDOW):
         bound_only.served(0.5)
     assert bound_only.due_wait_s == 100.0
+
+
+def test_an_overtaken_admission_closes_the_rule_for_a_run_of_admissions():
+    guard = AgingGuard(100.0)
+    guard.served_all([1.0] * LEAD_WINDOW)
+    assert guard.due_wait_s == 1.0
+    guard.admitted(1.0)  # due by the overtaken rule alone (1 s < the 100 s bound), admitted at once
+    guard.served(1.0)
+    assert guard.due_wait_s == 100.0, "closed: no more overtaken admissions for a while"
+    guard.served_all([1.0] * (OVERTAKEN_EVERY - 2))
+    assert guard.due_wait_s == 100.0, "one admission short of OVERTAKEN_EVERY"
+    guard.served(1.0)
+    assert guard.due_wait_s == 1.0, "at most one admission in OVERTAKEN_EVERY is an overtaken one"
+    guard.admitted(100.0)  # due by the bound: the overtaken rule stays open
+    guard.served(100.0)
+    assert guard.due_wait_s == 1.0
 
 
 def test_aging_guard_default_and_off():
@@ -134,3 +150,51 @@ def test_the_due_wait_follows_the_median_of_the_last_served_waits(runs):
         expected = statistics.median(last) if len(last) == LEAD_WINDOW else 1e9
         assert guard.due_wait_s == min(1e9, expected) == twin.due_wait_s
         assert guard._ordered == sorted(last)
+
+
+_GUARD_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("served"), st.floats(0, 200, allow_nan=False)),
+        st.tuples(
+            st.just("served_all"), st.lists(st.floats(0, 200, allow_nan=False), max_size=LEAD_WINDOW + 3)
+        ),
+        st.tuples(st.just("aged"), st.floats(0, 200, allow_nan=False)),
+    ),
+    max_size=60,
+)
+
+
+@given(_GUARD_STEPS)
+def test_the_guard_matches_a_brute_force_model(steps):
+    """Served waits, runs of them and aged admissions in any order: the due wait is `bound - lead`, or the
+    median of the last LEAD_WINDOW served waits when that is sooner, the window is full and none of the last
+    OVERTAKEN_EVERY admissions was an aged one short of `bound - lead` (a model that keeps every event)."""
+    bound = 100.0
+    guard = AgingGuard(bound)
+    served: list[float] = []
+    delays: list[float] = []
+    last_overtaken: int | None = None  # index in `served` of the last overtaken admission
+    for kind, value in steps:
+        if kind == "served":
+            guard.served(value)
+            served.append(value)
+        elif kind == "served_all":
+            guard.served_all(value)
+            served += value
+        else:
+            due, lead = guard.due_wait_s, min(max(delays, default=0.0), bound / 2)
+            guard.admitted(value)
+            guard.served(value)
+            if value < bound - lead:
+                last_overtaken = len(served)
+            delays.append(max(0.0, value - due))
+            served.append(value)
+        lead = min(max(delays[-LEAD_WINDOW:], default=0.0), bound / 2)
+        expected = bound - lead
+        window = served[-LEAD_WINDOW:]
+        since = len(served) - (0 if last_overtaken is None else last_overtaken)
+        if len(window) == LEAD_WINDOW and since >= OVERTAKEN_EVERY:
+            expected = min(expected, statistics.median(window))
+        assert guard.lead_s == lead
+        assert guard.due_wait_s == expected
+        assert guard.clone().due_wait_s == expected
