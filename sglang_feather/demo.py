@@ -197,9 +197,28 @@ def repeat_order(policies: Sequence[str], repeat: int) -> list[str]:
     return [*policies[shift:], *policies[:shift]]
 
 
+def _flag_values(argv: Sequence[str]) -> list[tuple[str, ...]]:
+    """`--a 1 --b --c 2 3` -> [(--a, 1), (--b,), (--c, 2, 3)]: each flag with the values that follow it."""
+    groups: list[tuple[str, ...]] = []
+    for token in argv:
+        if token.startswith("--") or not groups:
+            groups.append((token,))
+        else:
+            groups[-1] += (token,)
+    return groups
+
+
+def merged_server_args(preset: Sequence[str], given: Sequence[str]) -> tuple[str, ...]:
+    """The preset's server flags that `given` does not set, then `given` (a flag given replaces the preset's)."""
+    names = {group[0].partition("=")[0] for group in _flag_values(given)}
+    kept = [group for group in _flag_values(preset) if group[0].partition("=")[0] not in names]
+    return tuple(token for group in kept for token in group) + tuple(given)
+
+
 def server_specs(args: argparse.Namespace, device: str) -> dict[str, ServerSpec]:
-    """Policy -> its server: the preset's flags and `--server-args` for all, `--feather-args` for feather."""
-    common = args.preset.server_args + args.server_args
+    """Policy -> its server: the preset's flags and `--server-args` for all (those given replace the preset's),
+    `--feather-args` for feather."""
+    common = merged_server_args(args.preset.server_args, args.server_args)
     return {
         p: ServerSpec(
             args.model, p, device=device, extra_args=common + (args.feather_args if p == FEATHER else ())
@@ -247,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"demo ({preset.name}): model {args.model} on {device}; {workload.num_requests} requests "
         f"({workload.name}), max concurrency {args.max_concurrency}; {args.policies} x {args.repeat}; "
-        f"server args {list(preset.server_args + args.server_args)}; load average {start_load}"
+        f"server args {list(merged_server_args(preset.server_args, args.server_args))}; load average {start_load}"
     )
     repeats, all_runs, num_failures = [], [], 0
     for index in range(args.repeat):
@@ -282,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         record = {
             "argv": list(sys.argv[1:] if argv is None else argv),
             "preset": preset.name,
-            "server_args": list(preset.server_args + args.server_args),
+            "server_args": list(merged_server_args(preset.server_args, args.server_args)),
             "feather_args": list(args.feather_args),
             "max_concurrency": args.max_concurrency,
             "load_average": {"start": start_load, "end": end_load},

@@ -137,7 +137,7 @@ def test_plain_demo_keeps_its_defaults():
     assert all(spec.extra_args == () for spec in demo.server_specs(args, "cpu").values())
 
 
-def test_kv_pressure_flags_override_the_preset_and_user_server_args_come_last():
+def test_kv_pressure_flags_override_the_preset_and_user_server_args_replace_its_own():
     args = demo.parse_args(
         ["--kv-pressure", "--groups", "4", "--prefix-len", "256", "--max-concurrency", "8", "--out", "x"]
     )
@@ -149,5 +149,20 @@ def test_kv_pressure_flags_override_the_preset_and_user_server_args_come_last():
     assert args.max_concurrency == 8 and str(args.out) == "x"
     args = demo.parse_args(["--kv-pressure", "--server-args=--max-total-tokens 4096", "--feather-args=--y"])
     specs = demo.server_specs(args, "cpu")
-    assert specs["fcfs"].extra_args == ("--max-total-tokens", "8192", "--max-total-tokens", "4096")
+    assert specs["fcfs"].extra_args == ("--max-total-tokens", "4096")
     assert specs["feather"].extra_args[-1] == "--y"
+    args = demo.parse_args(
+        ["--kv-pressure", "--server-args=--disable-overlap-schedule --max-running-requests=8"]
+    )
+    assert demo.server_specs(args, "cpu")["lpm"].extra_args == (
+        "--max-total-tokens",
+        "8192",
+        "--disable-overlap-schedule",
+        "--max-running-requests=8",
+    )
+    assert demo.merged_server_args(("--a", "1", "--b", "--c=3"), ("--c", "4", "--a=2")) == (
+        "--b",
+        "--c",
+        "4",
+        "--a=2",
+    )
