@@ -91,7 +91,7 @@ class AdmissionConfig:
         True,
         metavar="on|off",
         help="Also make a request due (the aging guard serves it first) once it has waited longer than the median "
-        "of the last 16 admitted requests: the ranking is overtaking it",
+        "of the last 16 admitted requests: the ranking is overtaking it (at most one admission in 12 this way)",
         parse=parse_on_off,
         check=boolean,
     )
