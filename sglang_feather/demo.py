@@ -262,11 +262,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     workload, preset = args.workload, args.preset
     baseline = BASELINE if BASELINE in args.policies else args.policies[0]
     specs = server_specs(args, device)
+    server_args = list(merged_server_args(preset.server_args, args.server_args))
     start_load = load_average()
     print(
         f"demo ({preset.name}): model {args.model} on {device}; {workload.num_requests} requests "
         f"({workload.name}), max concurrency {args.max_concurrency}; {args.policies} x {args.repeat}; "
-        f"server args {list(merged_server_args(preset.server_args, args.server_args))}; load average {start_load}"
+        f"server args {server_args}; load average {start_load}"
     )
     repeats, all_runs, num_failures = [], [], 0
     for index in range(args.repeat):
@@ -301,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         record = {
             "argv": list(sys.argv[1:] if argv is None else argv),
             "preset": preset.name,
-            "server_args": list(merged_server_args(preset.server_args, args.server_args)),
+            "server_args": server_args,
             "feather_args": list(args.feather_args),
             "max_concurrency": args.max_concurrency,
             "load_average": {"start": start_load, "end": end_load},
