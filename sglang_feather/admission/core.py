@@ -10,7 +10,7 @@ from sglang_feather.admission.config import AdmissionConfig, StopScope
 from sglang_feather.admission.costs import Headroom, RunningFootprint, observe
 from sglang_feather.admission.deferral import InFlightCheck
 from sglang_feather.admission.lifecycle import Lifecycle
-from sglang_feather.admission.plan import PassPlan, PlannedPick
+from sglang_feather.admission.plan import PassPlan
 from sglang_feather.admission.results import AdmissionPlan, AdmissionStats, Pick, Proposal, StopReason
 from sglang_feather.admission.rewards import LearningHooks, RewardWindow
 from sglang_feather.admission.views import TreeViews
@@ -200,12 +200,16 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
     def _count_decision(self, candidate: Candidate, batch_size: int) -> None:
         """A stopper decision on a pick that is neither aged nor deferred: the pass's first one rolls the
         reward window; one the stopper had a choice on counts as a consult."""
-        if not self._decided_this_pass:
-            self._decided_this_pass = True
-            self._window.roll()
+        self._roll_window_once()
         if not is_forced_case(batch_size, candidate.adds_group, candidate.delta):
             self.stats.num_consults += 1
             self.stats.num_group_consults += candidate.adds_group
+
+    def _roll_window_once(self) -> None:
+        """The pass's first stopper decision rolls the reward window."""
+        if not self._decided_this_pass:
+            self._decided_this_pass = True
+            self._window.roll()
 
     def _is_due(self, request_id: RequestId, guard: AgingGuard, is_aged: bool) -> bool:
         """`guard` serves this request now: it is due and no due request was admitted in this pass (`is_aged`);
@@ -286,7 +290,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         the in-flight check asks the engine nothing (it reads the cache tier, or is off)."""
         return self.stopper.blind_decision is Decision.ADD and not self._in_flight.needs_engine
 
-    def plan_ahead(self, batch_size: int, max_picks: int) -> list[Pick]:
+    def plan_ahead(self, batch_size: int, max_picks: int) -> list[Candidate]:
         """Up to `max_picks` more picks of this pass, each taken as `next_pick` takes it once the picks before
         it were accepted (each is activated in the tree before the next is taken; the last when the plan goes
         on, or at `settle`); `batch_size` is what runs when the pass began (read on the pass's first call).
@@ -295,89 +299,132 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
             raise ValueError("plan_ahead needs a stopper that adds without looking and no engine-asked check")
         plan = self._plan
         if plan is None:
-            plan = self._plan = PassPlan(self.guard.clone(), self._aged_this_pass, batch_size)
-        tree, skipped, picks = self.tree, self._skipped, plan.picks
-        taken: list[Pick] = []
-        while len(taken) < max_picks and not plan.is_exhausted:
-            if plan.num_activated < len(picks):
-                tree.activate(picks[-1].request_id)
+            plan = self._plan = PassPlan(self._aged_this_pass, batch_size)
+        first = len(plan)
+        while len(plan) - first < max_picks and not plan.is_exhausted:
+            if plan.num_activated < len(plan):
+                self.tree.activate(plan.candidates[-1].request_id)
                 plan.num_activated += 1
-            mark = len(skipped)
-            pick = self._next_pick(plan.guard, plan.is_aged, None)
-            if pick is None:
-                plan.tail_skipped = tuple(skipped[mark:])
-                plan.is_exhausted = True
-                break
-            candidate = pick.candidate
-            rid = candidate.request_id
-            # The candidate was described just now, so its running depth is the tree's (no probes needed).
-            group, num_new = tree.prefix_hash(rid), candidate.num_chunks - candidate.depth_running
-            wait_s = self.wait_s(rid)
-            if pick.is_aged:
-                plan.guard.admitted(wait_s)
-                plan.is_aged = True
-            plan.guard.served(wait_s)
-            size = plan.batch_size + len(picks)
-            picks.append(PlannedPick(pick, size, group, num_new, wait_s, tuple(skipped[mark:])))
-            taken.append(pick)
-        return taken
+            num_unguarded = self._num_unguarded(plan, max_picks - (len(plan) - first))
+            if num_unguarded:
+                self._take_unguarded(plan, num_unguarded)
+            else:
+                self._take_one(plan)
+        return plan.candidates[first:]
+
+    def _num_unguarded(self, plan: PassPlan, limit: int) -> int:
+        """How many of the next picks (up to `limit`) no due check can touch."""
+        if plan.is_aged:
+            return limit
+        oldest = self.tree.oldest()
+        if oldest is None:
+            return 0
+        return plan.guard_now(self.guard).num_not_due(self.wait_s(oldest), limit)
+
+    def _take_unguarded(self, plan: PassPlan, num_picks: int) -> None:
+        """`num_picks` picks of the ranking in one call of the tree (no due check can touch them)."""
+        if self._groups_closed:
+            raise RuntimeError("a planned pass was closed to new prefix groups (only a STOP closes one)")
+        taken = self.tree.take_picks(num_picks, self._in_flight.enabled)
+        num_skipped = len(plan.skipped)
+        plan.skipped += taken.skipped
+        plan.skip_ends += [num_skipped + end for end in taken.skip_ends]
+        self._skipped += taken.skipped
+        self.stats.num_deferred += len(taken.skipped)
+        candidates = taken.candidates
+        plan.candidates += candidates
+        plan.groups += taken.groups
+        now, arrivals = self.clock(), self._arrivals
+        plan.served([now - arrivals[candidate.request_id] for candidate in candidates])
+        if taken.is_exhausted:
+            plan.num_activated = len(plan)
+            plan.is_exhausted = True
+        elif candidates:
+            plan.num_activated = len(plan) - 1
+
+    def _take_one(self, plan: PassPlan) -> None:
+        """One pick as `next_pick` takes it, due checks included, with the plan's copy of the guard."""
+        mark = len(self._skipped)
+        pick = self._next_pick(plan.guard_now(self.guard), plan.is_aged, None)
+        plan.skipped += self._skipped[mark:]
+        if pick is None:
+            plan.is_exhausted = True
+            return
+        candidate = pick.candidate
+        wait_s = self.wait_s(candidate.request_id)
+        if pick.is_aged:
+            plan.guard_copy(self.guard).admitted(wait_s)
+            plan.aged_index = len(plan)
+            plan.is_aged = True
+        plan.candidates.append(candidate)
+        plan.groups.append(self.tree.prefix_hash(candidate.request_id))
+        plan.skip_ends.append(len(plan.skipped))
+        plan.served([wait_s])
 
     @property
     def num_planned(self) -> int:
-        return 0 if self._plan is None else len(self._plan.picks)
+        return 0 if self._plan is None else len(self._plan)
 
-    def settle(self, num_admitted: int, refused: bool) -> list[PlannedPick]:
+    def settle(self, num_admitted: int, refused: bool) -> list[Candidate]:
         """The engine admitted the first `num_admitted` planned picks (`refused`: its loop reached the next one
         and its budget refused it). Books them as `decide` and `accept` would have, counts the refused one as
         withdrawn, undoes the rest (plan.py); returns the admitted ones. The pass may go on step by step."""
         plan = self._plan
-        picks = plan.picks if plan is not None else []
-        if not 0 <= num_admitted <= len(picks):
-            raise ValueError(f"settle: {num_admitted} admitted of {len(picks)} planned picks")
+        num_planned = 0 if plan is None else len(plan)
+        if not 0 <= num_admitted <= num_planned:
+            raise ValueError(f"settle: {num_admitted} admitted of {num_planned} planned picks")
         if plan is None:
             return []
         self._plan = None
-        for planned in reversed(picks[num_admitted : plan.num_activated]):
-            self.tree.deactivate(planned.request_id)
-        for planned in picks[plan.num_activated : num_admitted]:
-            self.tree.activate(planned.request_id)
-        undone = [planned.skipped for planned in picks[num_admitted + 1 :]]
-        if num_admitted < len(picks):
-            undone.append(plan.tail_skipped)
-        for skipped in undone:
-            for rid in skipped:
-                self._unskip(rid)
-        admitted = picks[:num_admitted]
-        self._book(admitted)
-        if refused and num_admitted < len(picks):
-            planned = picks[num_admitted]
-            if not planned.pick.is_aged:
-                self._count_decision(planned.pick.candidate, planned.batch_size)
+        candidates, tree = plan.candidates, self.tree
+        for candidate in reversed(candidates[num_admitted : plan.num_activated]):
+            tree.deactivate(candidate.request_id)
+        for candidate in candidates[plan.num_activated : num_admitted]:
+            tree.activate(candidate.request_id)
+        for rid in plan.skipped_after(num_admitted):
+            self._unskip(rid)
+        self._book(plan, num_admitted)
+        if refused and num_admitted < num_planned:
+            if plan.aged_index != num_admitted:
+                self._count_decision(candidates[num_admitted], plan.batch_size + num_admitted)
             self.stats.num_withdrawn += 1
-        return admitted
+        return candidates[:num_admitted]
 
-    def _book(self, admitted: list[PlannedPick]) -> None:
+    def _book(self, plan: PassPlan, num_admitted: int) -> None:
         """`_count_decision` and `_admitted` for each admitted planned pick, in order, with the guard's
         served waits fed in runs (its state depends only on the waits it kept and the aged admissions)."""
+        if not num_admitted:
+            return
         stats, footprint, guard = self.stats, self.footprint, self.guard
-        waits: list[float] = []
-        for planned in admitted:
-            pick = planned.pick
-            candidate = pick.candidate
-            if pick.is_aged:
-                guard.served_all(waits)
-                waits = []
-                stats.num_aged += 1
-                self._aged_this_pass = True
-                guard.admitted(planned.wait_s)
-            else:
-                self._count_decision(candidate, planned.batch_size)
-            waits.append(planned.wait_s)
-            footprint.joined(planned.group, planned.num_new_chunks)
-            stats.sum_delta += candidate.delta
-        guard.served_all(waits)
-        stats.num_admitted += len(admitted)
-        self._in_flight.admitted_all([planned.request_id for planned in admitted])
+        waits = plan.waits[:num_admitted]
+        aged = plan.aged_index if plan.aged_index is not None and plan.aged_index < num_admitted else None
+        if aged is None:
+            guard.served_all(waits)
+        else:
+            guard.served_all(waits[:aged])
+            stats.num_aged += 1
+            self._aged_this_pass = True
+            guard.admitted(waits[aged])
+            guard.served_all(waits[aged:])
+        admitted = plan.candidates[:num_admitted]
+        if num_admitted > (
+            aged == 0
+        ):  # a pick the stopper decided on (any but the aged one) rolls the window
+            self._roll_window_once()
+        num_consults = num_group_consults = sum_delta = 0
+        size = plan.batch_size
+        for i, candidate in enumerate(admitted):
+            delta = candidate.delta
+            sum_delta += delta
+            if i != aged and not is_forced_case(size + i, candidate.adds_group, delta):
+                num_consults += 1
+                num_group_consults += candidate.adds_group
+        stats.num_consults += num_consults
+        stats.num_group_consults += num_group_consults
+        stats.sum_delta += sum_delta
+        footprint.joined_all(plan.groups[:num_admitted], [c.num_chunks - c.depth_running for c in admitted])
+        stats.num_admitted += num_admitted
+        self._in_flight.admitted_all([candidate.request_id for candidate in admitted])
 
     def _drop_plan(self) -> None:
         if self._plan is not None:

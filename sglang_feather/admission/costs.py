@@ -109,6 +109,18 @@ class RunningFootprint:
         self.running[group] = self.running.get(group, 0) + 1
         self.num_running_chunks += num_chunks
 
+    def joined_all(self, groups: list[ChunkHash], num_chunks: list[int]) -> None:
+        """`joined` for each (group, chunks) pair, in order."""
+        waiting, running = self.waiting, self.running
+        for group in groups:
+            num = waiting.get(group, 0) - 1
+            if num > 0:
+                waiting[group] = num
+            else:
+                waiting.pop(group, None)
+            running[group] = running.get(group, 0) + 1
+        self.num_running_chunks += sum(num_chunks)
+
     def leaving(self, tree: ChunkedHashTree, request_id: RequestId) -> tuple[ChunkHash, int]:
         """A running request is about to stop running (ask before the tree finishes or deactivates it): its
         group and the chunks no other running request holds. `left` applies them."""

@@ -1,6 +1,7 @@
 """The Chunked Hash Tree: prefix-sharing bookkeeping for waiting and running requests."""
 
 from sglang_feather.cht.backend import ChunkedHashTree, backend_name
+from sglang_feather.cht.candidate import TakenPicks
 from sglang_feather.cht.errors import (
     CHTError,
     DuplicateRequest,
@@ -27,6 +28,7 @@ __all__ = [
     "InvalidTransition",
     "PythonTree",
     "RequestState",
+    "TakenPicks",
     "UnknownRequest",
     "backend_name",
     "chunk_hashes",

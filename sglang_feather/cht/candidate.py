@@ -1,10 +1,10 @@
-"""`Candidate`: what `best()` reports about the next waiting request."""
+"""`Candidate`: what `best()` reports about the next waiting request; `TakenPicks`: what `take_picks` took."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sglang_feather.types import RequestId
+from sglang_feather.types import ChunkHash, RequestId
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,3 +35,26 @@ class Candidate:
     def adds_group(self) -> bool:
         """No running request holds even its first chunk: admitting it adds a prefix group to the batch."""
         return self.depth_running == 0
+
+    @property
+    def runs_uncached(self) -> bool:
+        """Running requests hold chunks of its prompt that the cache does not: their prefill is still computing
+        them. A cache never holds a whole prompt (its last token is always computed), so a prompt that running
+        requests hold whole counts one chunk less."""
+        return min(self.depth_running, self.num_chunks - 1) > self.depth_cached
+
+
+@dataclass(frozen=True, slots=True)
+class TakenPicks:
+    """`take_picks(max_picks, skip_running_uncached)`: the picks in order, each activated before the next was
+    taken (all but the last, unless nothing was left after it), and the requests skipped on the way."""
+
+    candidates: list[Candidate]
+    groups: list[ChunkHash]
+    """Each pick's first chunk hash (its prefix group)."""
+    skipped: list[RequestId]
+    """Requests suspended on the way (their prefix runs uncached), in order."""
+    skip_ends: list[int]
+    """`len(skipped)` when each pick was taken: pick i's skips are `skipped[skip_ends[i-1]:skip_ends[i]]`."""
+    is_exhausted: bool
+    """Nothing (unsuspended) was left to pick after the last one; the last pick was activated too."""

@@ -72,3 +72,14 @@ def checked_arrival(request_id: RequestId, arrival: float | None) -> float | Non
     if value != value:
         raise InvalidArrival(f"request {request_id!r} has arrival NaN")
     return value
+
+
+def checked_count(name: str, count: int) -> int:
+    """A count argument as an int >= 0; `TypeError` for a non-integer, `ValueError` below 0."""
+    try:
+        value = operator.index(count)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {count!r}") from None
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value

@@ -8,7 +8,14 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from sglang_feather.cht._native import _core
-from sglang_feather.cht.checks import check_depth, checked_chunk_size, checked_depth, checked_share_depth
+from sglang_feather.cht.candidate import TakenPicks
+from sglang_feather.cht.checks import (
+    check_depth,
+    checked_chunk_size,
+    checked_count,
+    checked_depth,
+    checked_share_depth,
+)
 from sglang_feather.cht.errors import (
     DuplicateRequest,
     EmptyPrompt,
@@ -109,6 +116,11 @@ class NativeTree(_core.Core):
         if depth > min(self._num_chunks(handle), self._num_chunks(other)):
             return False
         return self._shares_prefix(handle, other, depth)
+
+    def take_picks(self, max_picks: int, skip_running_uncached: bool) -> TakenPicks:
+        return TakenPicks(
+            *self._take_picks(checked_count("max_picks", max_picks), bool(skip_running_uncached))
+        )
 
     def oldest(self) -> RequestId | None:
         handle = self._oldest()

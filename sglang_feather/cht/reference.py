@@ -12,7 +12,7 @@ from sglang_feather.cht.errors import (
     UnknownRequest,
 )
 from sglang_feather.cht.nodes import RequestState
-from sglang_feather.cht.tree import Candidate
+from sglang_feather.cht.tree import Candidate, TakenPicks
 from sglang_feather.types import ChunkHash, RequestId
 
 
@@ -181,6 +181,28 @@ class ReferenceTree:
         else:
             rid = min(eligible, key=lambda r: self.order[r])
         return self.describe(rid)
+
+    def take_picks(self, max_picks: int, skip_running_uncached: bool) -> TakenPicks:
+        """`best`, `suspend` and `activate` one call at a time, as `take_picks` promises to do them."""
+        picks: list[Candidate] = []
+        skipped: list[RequestId] = []
+        ends: list[int] = []
+        for i in range(max_picks):
+            if i:
+                self.activate(picks[-1].request_id)
+            best = self.best()
+            while best is not None and skip_running_uncached and best.runs_uncached:
+                self.suspend(best.request_id)
+                skipped.append(best.request_id)
+                best = self.best()
+            if best is None:
+                return TakenPicks(picks, self._groups(picks), skipped, ends, True)
+            picks.append(best)
+            ends.append(len(skipped))
+        return TakenPicks(picks, self._groups(picks), skipped, ends, False)
+
+    def _groups(self, picks: list[Candidate]) -> list[ChunkHash]:
+        return [self.hashes[pick.request_id][0] for pick in picks]
 
     def oldest_stranger(self) -> RequestId | None:
         strangers = [rid for rid in self.eligible() if not self.covered_depth(rid)]

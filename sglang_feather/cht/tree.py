@@ -10,11 +10,12 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from sglang_feather.cht.cache_tier import CacheTier
-from sglang_feather.cht.candidate import Candidate
+from sglang_feather.cht.candidate import Candidate, TakenPicks
 from sglang_feather.cht.checks import (
     check_depth,
     checked_arrival,
     checked_chunk_size,
+    checked_count,
     checked_depth,
     checked_hashes,
     checked_share_depth,
@@ -169,6 +170,31 @@ class PythonTree(Ranking, CacheTier, Paths):
             self._best_cache = self._describe(req) if req is not None else None
             self._best_valid = True
         return self._best_cache
+
+    def take_picks(self, max_picks: int, skip_running_uncached: bool) -> TakenPicks:
+        """Up to `max_picks` picks of `best()`, each activated before the next is taken (the last one only when
+        nothing is left after it); with `skip_running_uncached`, a best whose prefix runs uncached
+        (`Candidate.runs_uncached`) is suspended and passed over. What a pass planned ahead takes while no
+        request can fall due, in one call."""
+        max_picks = checked_count("max_picks", max_picks)
+        picks: list[Candidate] = []
+        groups: list[ChunkHash] = []
+        skipped: list[RequestId] = []
+        ends: list[int] = []
+        for i in range(max_picks):
+            if i:
+                self.activate(picks[-1].request_id)
+            candidate = self.best()
+            while candidate is not None and skip_running_uncached and candidate.runs_uncached:
+                self.suspend(candidate.request_id)
+                skipped.append(candidate.request_id)
+                candidate = self.best()
+            if candidate is None:
+                return TakenPicks(picks, groups, skipped, ends, True)
+            picks.append(candidate)
+            groups.append(self.prefix_hash(candidate.request_id))
+            ends.append(len(skipped))
+        return TakenPicks(picks, groups, skipped, ends, False)
 
     def candidate(self, request_id: RequestId) -> Candidate:
         """`best()`'s numbers for a given waiting request (e.g. one the aging guard admits)."""

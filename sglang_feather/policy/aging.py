@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import copy
+import itertools
 import math
-from bisect import insort
+from bisect import bisect_left, insort
 from collections import deque
 
 DEFAULT_MAX_WAIT_S = 300.0
@@ -123,6 +123,37 @@ class AgingGuard:
         due = self._due_s
         return due is not None and wait_s >= due
 
+    def num_not_due(self, wait_s: float, limit: int) -> int:
+        """How many of the next admissions (up to `limit`) leave a request that waited `wait_s` not due when
+        each is chosen (after the ones before it were `served`), whatever their waits: what a planned pass may
+        take without a due check when `wait_s` is the longest wait in the queue. The due wait only changes
+        through `served` where the overtaken rule is open (the window is full and the rule's budget is
+        spent), and it falls fastest when every wait served is shorter than all the guard kept: so the count
+        is where that case would make `wait_s` due."""
+        due = self._due_s
+        if due is None:
+            return limit
+        if wait_s >= due:
+            return 0
+        if not self.when_overtaken:
+            return limit
+        recent = self._recent
+        bound = self.max_wait_s - self.lead_s
+        mid = LEAD_WINDOW // 2
+        first_open = max(1, LEAD_WINDOW - len(recent), OVERTAKEN_EVERY - self._num_since_overtaken)
+        kept = self._ordered.copy()
+        num_dropped = 0
+        for num_served in range(first_open, min(limit, mid)):
+            # The window then holds num_served new waits (all below `kept`) and the newest of the old ones.
+            for old in itertools.islice(recent, num_dropped, len(recent) + num_served - LEAD_WINDOW):
+                del kept[bisect_left(kept, old)]
+                num_dropped += 1
+            median = (kept[mid - 1 - num_served] + kept[mid - num_served]) / 2
+            if wait_s >= min(bound, median):
+                return num_served
+        # From `mid` new waits on, the median's lower half would be all new, shorter waits: it could be due.
+        return min(limit, max(first_open, mid))
+
     def admitted(self, wait_s: float) -> None:
         """A due request was admitted after waiting `wait_s`: the delay since it fell due sets the lead, and one
         due by the overtaken rule alone (short of `max_wait_s - lead_s`) closes that rule for OVERTAKEN_EVERY
@@ -138,7 +169,8 @@ class AgingGuard:
 
     def clone(self) -> AgingGuard:
         """An independent guard in the same state (a planned pass feeds it the waits it expects to serve)."""
-        twin = copy.copy(self)
+        twin = AgingGuard.__new__(AgingGuard)  # no __init__ checks, no copy module: a planned pass makes one
+        twin.__dict__.update(self.__dict__)
         twin._delays = self._delays.copy()
         twin._recent = self._recent.copy()
         twin._ordered = self._ordered.copy()

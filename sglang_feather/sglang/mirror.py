@@ -83,6 +83,11 @@ class QueueMirror:
     def request(self, rid: Any) -> Any:
         return self._entries[rid].req
 
+    def requests(self, rids: Iterable[Any]) -> list[Any]:
+        """`request` of each."""
+        entries = self._entries
+        return [entries[rid].req for rid in rids]
+
     def first_hash(self, rid: Any) -> ChunkHash | None:
         entry = self._entries.get(rid)
         return entry.first_hash if entry is not None else None

@@ -93,8 +93,13 @@ class FeatherAdderMixin:
     feather: FeatherRuntime
 
     def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: int | None):
+        feather = self.feather
+        if feather.reaches_planned(req):
+            result = super().add_one_req(req, has_chunked_req, truncation_align_size)
+            feather.planned_added(bool(self.can_run_list) and self.can_run_list[-1] is req)
+            return result
         running = self.running_batch.reqs if self.running_batch is not None else ()
-        return self.feather.admit(
+        return feather.admit(
             req,
             batch_size=len(running) + len(self.can_run_list),
             sglang_add=lambda: super(FeatherAdderMixin, self).add_one_req(

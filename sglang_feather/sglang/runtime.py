@@ -12,6 +12,7 @@ from sglang.srt.mem_cache.common import match_kv_cache
 
 from sglang_feather.admission import Admission, Pick, Proposal
 from sglang_feather.admission.costs import Headroom
+from sglang_feather.cht import Candidate
 from sglang_feather.policy.base import Decision
 from sglang_feather.sglang.cache_events import EventTap, EventTranslator, events_enabled
 from sglang_feather.sglang.metrics import FeatherMetrics
@@ -100,7 +101,7 @@ class FeatherRuntime(QueueSlots):
         """Plan passes ahead (see "how it works"); False takes the step path, with the same admissions."""
         self._planned: list[Any] | None = None
         """This pass's planned requests in queue order (None: the pass goes step by step)."""
-        self._planned_picks: list[Pick] = []
+        self._planned_picks: list[Candidate] = []
         self._num_reached = 0
         self._num_admitted = 0
         self._refused = False
@@ -193,10 +194,7 @@ class FeatherRuntime(QueueSlots):
         `headroom()` is the adder's KV room (`rem_total_tokens` over the pool's size)."""
         if self._fcfs_pass:
             return sglang_add()
-        planned = self._planned
-        if planned is not None:
-            if self._num_reached < len(planned) and req is planned[self._num_reached]:
-                return self._admit_planned(sglang_add, added)
+        if self._planned is not None:
             self._guarded_settle()  # the loop passed over a planned request: the rest step by step
         t0 = time.perf_counter()
         try:
@@ -246,13 +244,22 @@ class FeatherRuntime(QueueSlots):
         self._planned_picks += picks
         self._planned += self._place(picks, len(self._planned))
 
-    def _admit_planned(self, sglang_add: Callable[[], Any], added: Callable[[], bool]) -> Any:
-        """SGLang's loop reached the next planned request: SGLang's own `add_one_req` decides."""
-        self._num_reached += 1
-        result = sglang_add()
+    def reaches_planned(self, req: Any) -> bool:
+        """Whether `req` is the next planned request (checked before SGLang's own `add_one_req`, which then
+        decides on it alone, and `planned_added` is told what it did); else `admit` decides."""
+        t0 = time.perf_counter()
+        planned, i = self._planned, self._num_reached
+        reached = planned is not None and i < len(planned) and req is planned[i] and not self._fcfs_pass
+        if reached:
+            self._num_reached = i + 1
+        self._step_s += time.perf_counter() - t0
+        return reached
+
+    def planned_added(self, added: bool) -> None:
+        """SGLang's `add_one_req` admitted the planned request `reaches_planned` accepted (or refused it)."""
         t0 = time.perf_counter()
         try:
-            if added():
+            if added:
                 self._num_admitted += 1
                 if self._num_admitted == len(self._planned):
                     self._plan_block(0)
@@ -262,9 +269,8 @@ class FeatherRuntime(QueueSlots):
                 self._refused = True
                 self._settle_plan()  # the pass ends here, or goes on past the refusal step by step
         except Exception:
-            self._failed("planned admission", self._planned[-1:])
+            self._failed("planned admission", self._planned[-1:] if self._planned else [])
         self._step_s += time.perf_counter() - t0
-        return result
 
     def _guarded_settle(self) -> None:
         t0 = time.perf_counter()
@@ -286,7 +292,7 @@ class FeatherRuntime(QueueSlots):
         admitted = self.admission.settle(self._num_admitted, self._refused)
         if self.metrics is not None:
             for each in admitted:
-                self.metrics.admitted(each.pick.candidate.delta)
+                self.metrics.admitted(each.delta)
             stats = self.admission.stats
             num_new_group = stats.num_group_consults - num_group
             for _ in range(num_new_group):

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sglang_feather.admission import Admission, Pick
+from sglang_feather.cht import Candidate
 from sglang_feather.sglang.mirror import QueueMirror
 
 REBUILD_RATIO = 8
@@ -59,10 +60,10 @@ class QueueSlots:
             self._moved.append(req)
         self._slot = slot
 
-    def _place(self, picks: list[Pick], slot: int) -> list[Any]:
+    def _place(self, picks: list[Candidate], slot: int) -> list[Any]:
         """Move planned picks into `queue[slot:]` in order; returns their `Req`s."""
-        queue, request = self._queue, self.mirror.request
-        reqs = [request(pick.request_id) for pick in picks]
+        queue = self._queue
+        reqs = self.mirror.requests([pick.request_id for pick in picks])
         if queue is None:
             return reqs
         if len(reqs) * REBUILD_RATIO > len(queue) - slot:  # one C-speed rebuild beats a move per pick

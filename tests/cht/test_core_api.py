@@ -18,6 +18,8 @@ from sglang_feather.cht import (
     InvalidTokens,
     InvalidTransition,
     PythonTree,
+    RequestState,
+    TakenPicks,
     UnknownRequest,
     chunk_hashes,
 )
@@ -314,3 +316,33 @@ def test_depths_at_the_edges_are_answered_alike(tree_cls):
         False,
     ]
     assert tree.candidate("w").depth_running == 1
+
+
+def test_take_picks_activates_all_but_the_last_and_skips_prefixes_that_run_uncached(tree_cls):
+    tree = tree_cls(chunk_size=2)
+    tree.insert("run", [1, 1, 2, 2, 9, 9])
+    tree.activate("run")  # chunks (1 1)(2 2) run, none cached: a waiting sharer would compute them twice
+    tree.insert("sharer", [1, 1, 2, 2, 3, 3])
+    tree.insert("a", [5, 5, 6])
+    tree.insert("b", [7, 7, 8])
+    taken = tree.take_picks(2, skip_running_uncached=True)
+    assert [c.request_id for c in taken.candidates] == ["a", "b"]
+    assert taken.skipped == ["sharer"] and taken.skip_ends == [1, 1] and not taken.is_exhausted
+    assert taken.groups == [tree.prefix_hash("a"), tree.prefix_hash("b")]
+    assert tree.state("a") is RequestState.ACTIVE and tree.state("b") is RequestState.WAITING
+    assert tree.is_suspended("sharer")
+    tree.resume_all()
+    tree.cache_store(tree.path_hashes("run")[:2])  # now cached: the sharer is no longer in flight
+    taken = tree.take_picks(5, skip_running_uncached=True)
+    assert [c.request_id for c in taken.candidates] == ["sharer", "b"] and taken.is_exhausted
+    assert tree.num_waiting == 0, "exhausted: the last pick was activated too"
+    assert tree.take_picks(3, skip_running_uncached=False) == TakenPicks([], [], [], [], True)
+
+
+@pytest.mark.parametrize(("max_picks", "error"), [(-1, ValueError), (1.5, TypeError), ("2", TypeError)])
+def test_take_picks_refuses_a_bad_count_and_changes_nothing(tree_cls, max_picks, error):
+    tree = tree_cls(chunk_size=2)
+    tree.insert("a", [1, 2, 3])
+    with pytest.raises(error, match="max_picks"):
+        tree.take_picks(max_picks, skip_running_uncached=False)
+    assert tree.state("a") is RequestState.WAITING and tree.best().request_id == "a"

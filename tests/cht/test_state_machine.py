@@ -172,6 +172,11 @@ class TreeVsReference(RuleBasedStateMachine):
         self.tree.remove(rid)
         self.ref.remove(rid)
 
+    @rule(max_picks=st.integers(0, 4), skip=st.booleans())
+    def take_picks(self, max_picks, skip):
+        """A planned pass's block of picks: the same as best / suspend / activate one at a time."""
+        assert self.tree.take_picks(max_picks, skip) == self.ref.take_picks(max_picks, skip)
+
     @rule()
     def best(self):
         assert self.tree.best() == self.ref.best()

@@ -198,3 +198,43 @@ def test_the_guard_matches_a_brute_force_model(steps):
         assert guard.lead_s == lead
         assert guard.due_wait_s == expected
         assert guard.clone().due_wait_s == expected
+
+
+@given(
+    _GUARD_STEPS,
+    st.floats(0, 200, allow_nan=False),
+    st.integers(0, 2 * LEAD_WINDOW),
+    st.lists(st.floats(0, 1, allow_nan=False), min_size=2 * LEAD_WINDOW, max_size=2 * LEAD_WINDOW),
+)
+def test_num_not_due_holds_for_any_waits_and_is_tight_for_the_shortest(steps, wait, limit, fractions):
+    """`num_not_due(wait, limit)` = k: after any k-1 served waits no longer than `wait`, a request that waited
+    `wait` is still not due before each of the k admissions; and when k < limit, k waits shorter than every one
+    the guard kept make it due (so k is the most a planned pass can take without a due check)."""
+    guard = AgingGuard(100.0)
+    for kind, value in steps:
+        if kind == "served":
+            guard.served(value)
+        elif kind == "served_all":
+            guard.served_all(value)
+        else:
+            guard.admitted(value)
+            guard.served(value)
+    k = guard.num_not_due(wait, limit)
+    assert 0 <= k <= limit
+    twin = guard.clone()
+    for i in range(k):
+        assert not twin.is_starved(wait), f"due before admission {i} of {k}"
+        twin.served(wait * fractions[i])
+    if k < limit:
+        shortest = guard.clone()
+        for _ in range(k):
+            shortest.served(-1e18)
+        assert shortest.is_starved(wait), "the count stops where the shortest waits would make it due"
+
+
+def test_num_not_due_without_a_guard_or_the_overtaken_rule():
+    assert AgingGuard(None).num_not_due(1e9, 7) == 7
+    guard = AgingGuard(10.0, when_overtaken=False)
+    for _ in range(LEAD_WINDOW):
+        guard.served(0.0)
+    assert guard.num_not_due(9.0, 7) == 7 and guard.num_not_due(10.0, 7) == 0

@@ -991,10 +991,42 @@ class Core {
                 h = pop_stranger();
                 covered = 0;
             }
-            best_cache_ = h == NIL ? nb::none() : candidate(h, covered);
+            best_handle_ = h;
+            if (h == NIL) {
+                best_cache_ = nb::none();
+            } else {
+                describe_into(h, best_values_, covered);
+                best_cache_ = make_candidate(h, best_values_);
+            }
             best_valid_ = true;
         }
         return best_cache_;
+    }
+
+    // take_picks(max_picks, skip_running_uncached) -> (candidates, groups, skipped, skip_ends, is_exhausted):
+    // the Python core's loop of best / suspend / activate (tree.py), with no Python frame per pick.
+    nb::tuple take_picks(int64_t max_picks, bool skip_running_uncached) {
+        if (max_picks < 0) throw nb::value_error("max_picks must be >= 0");
+        nb::list picks, groups, skipped, ends;
+        uint32_t last = NIL;
+        for (int64_t i = 0; i < max_picks; ++i) {
+            if (last != NIL) activate(last);
+            best();
+            // best_values_: num_chunks, num_missing, depth_running, depth_cached, ... (Candidate.runs_uncached)
+            while (best_handle_ != NIL && skip_running_uncached &&
+                   std::min(best_values_[2], best_values_[0] - 1) > best_values_[3]) {
+                uint32_t h = best_handle_;
+                suspend(h);
+                skipped.append(nb::borrow(PyList_GET_ITEM(ids_.ptr(), h)));
+                best();
+            }
+            if (best_handle_ == NIL) return nb::make_tuple(picks, groups, skipped, ends, true);
+            last = best_handle_;
+            picks.append(best_cache_);
+            groups.append(nb::steal(PyLong_FromUnsignedLongLong(chunk_hash(reqs_[last].path, 0))));
+            ends.append(nb::steal(PyLong_FromSsize_t(PyList_GET_SIZE(skipped.ptr()))));
+        }
+        return nb::make_tuple(picks, groups, skipped, ends, false);
     }
 
     nb::object candidate_of(nb::handle rid) {
@@ -1106,6 +1138,10 @@ class Core {
     nb::object candidate(uint32_t h, int64_t covered = -1) const {
         int64_t values[NUM_FIELDS - 1];
         describe_into(h, values, covered);
+        return make_candidate(h, values);
+    }
+
+    nb::object make_candidate(uint32_t h, const int64_t* values) const {
         PyObject* empty = PyTuple_New(0);
         PyObject* obj = PyBaseObject_Type.tp_new(reinterpret_cast<PyTypeObject*>(candidate_cls_.ptr()), empty, nullptr);
         Py_DECREF(empty);
@@ -2479,6 +2515,8 @@ class Core {
     nb::object duplicate_error_, empty_error_, invalid_tokens_error_, hash_chain_error_, invalid_arrival_error_;
     bool best_valid_ = false;
     static constexpr int NUM_FIELDS = 8;  // `Candidate`'s
+    uint32_t best_handle_ = NIL;                // the request `best_cache_` describes (NIL: none)
+    int64_t best_values_[NUM_FIELDS - 1] = {};  // its `describe_into` values
     nb::object field_names_[NUM_FIELDS];
     Slab<Node, 14> nodes_;  // 16384 x 128 bytes: one huge page per block
     std::vector<uint32_t> free_nodes_;
@@ -2744,6 +2782,7 @@ NB_MODULE(_core, m) {
         .def_prop_ro("shared_depth", &Core::shared_depth)
         .def("_bind", &Core::bind)
         .def("best", &Core::best)
+        .def("_take_picks", &Core::take_picks)
         .def("candidate", &Core::candidate_of, "request_id"_a.none())
         .def("activate", &Core::activate_id, "request_id"_a.none())
         .def("deactivate", &Core::deactivate_id, "request_id"_a.none())
