@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from sglang_feather.types import ChunkHash, RequestId
 
@@ -58,3 +59,33 @@ class TakenPicks:
     """`len(skipped)` when each pick was taken: pick i's skips are `skipped[skip_ends[i-1]:skip_ends[i]]`."""
     is_exhausted: bool
     """Nothing (unsuspended) was left to pick after the last one; the last pick was activated too."""
+
+
+class _Steps(Protocol):
+    def best(self) -> Candidate | None: ...
+    def suspend(self, request_id: RequestId) -> None: ...
+    def activate(self, request_id: RequestId) -> None: ...
+    def prefix_hash(self, request_id: RequestId) -> ChunkHash: ...
+
+
+def take_picks_stepwise(tree: _Steps, max_picks: int, skip_running_uncached: bool) -> TakenPicks:
+    """What `take_picks` does, one `best` / `suspend` / `activate` at a time (the Python core and the reference
+    model run this; the compiled core is held to it)."""
+    picks: list[Candidate] = []
+    groups: list[ChunkHash] = []
+    skipped: list[RequestId] = []
+    ends: list[int] = []
+    for i in range(max_picks):
+        if i:
+            tree.activate(picks[-1].request_id)
+        candidate = tree.best()
+        while candidate is not None and skip_running_uncached and candidate.runs_uncached:
+            tree.suspend(candidate.request_id)
+            skipped.append(candidate.request_id)
+            candidate = tree.best()
+        if candidate is None:
+            return TakenPicks(picks, groups, skipped, ends, True)
+        picks.append(candidate)
+        groups.append(tree.prefix_hash(candidate.request_id))
+        ends.append(len(skipped))
+    return TakenPicks(picks, groups, skipped, ends, False)

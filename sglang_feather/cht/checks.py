@@ -13,12 +13,17 @@ MAX_CHUNK_SIZE = 2**31
 """Tokens per chunk, exclusive bound (the compiled core reads a chunk's bytes with 32-bit-safe arithmetic)."""
 
 
+def _integer(name: str, value: object, error: type[Exception]) -> int:
+    """`value` as an int (anything with `__index__`); `error` naming `name` otherwise."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise error(f"{name} must be an integer, got {value!r}") from None
+
+
 def checked_chunk_size(chunk_size: int) -> int:
     """`chunk_size` as an int in [1, 2**31); `TypeError` for a non-integer, `ValueError` out of range."""
-    try:
-        value = operator.index(chunk_size)
-    except TypeError:
-        raise TypeError(f"chunk_size must be an integer, got {chunk_size!r}") from None
+    value = _integer("chunk_size", chunk_size, TypeError)
     if not 1 <= value < MAX_CHUNK_SIZE:
         raise ValueError(f"chunk_size must lie in [1, 2**31), got {chunk_size}")
     return value
@@ -34,10 +39,7 @@ def checked_hashes(hashes: Sequence[ChunkHash]) -> array:
 
 def checked_depth(request_id: RequestId, depth: int, lowest: int, num_chunks: int) -> int:
     """`depth` as an int in [lowest, num_chunks]; `InvalidDepth` for anything else."""
-    try:
-        value = operator.index(depth)
-    except TypeError:
-        raise InvalidDepth(f"depth must be an integer, got {depth!r}") from None
+    value = _integer("depth", depth, InvalidDepth)
     if not lowest <= value <= num_chunks:
         raise InvalidDepth(
             f"depth must lie in [{lowest}, {num_chunks}] for request {request_id!r}, got {value}"
@@ -52,10 +54,7 @@ def check_depth(request_id: RequestId, depth: int, num_chunks: int) -> int:
 
 def checked_share_depth(depth: int) -> int:
     """A depth for `shares_prefix`: any integer >= 0 (beyond a request's chunks it shares nothing)."""
-    try:
-        value = operator.index(depth)
-    except TypeError:
-        raise InvalidDepth(f"depth must be an integer, got {depth!r}") from None
+    value = _integer("depth", depth, InvalidDepth)
     if value < 0:
         raise InvalidDepth(f"depth must be >= 0, got {value}")
     return value
@@ -76,10 +75,7 @@ def checked_arrival(request_id: RequestId, arrival: float | None) -> float | Non
 
 def checked_count(name: str, count: int) -> int:
     """A count argument as an int >= 0; `TypeError` for a non-integer, `ValueError` below 0."""
-    try:
-        value = operator.index(count)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {count!r}") from None
+    value = _integer(name, count, TypeError)
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
     return value

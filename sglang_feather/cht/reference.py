@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sglang_feather.cht.candidate import TakenPicks, take_picks_stepwise
 from sglang_feather.cht.errors import (
     DuplicateRequest,
     EmptyPrompt,
@@ -12,7 +13,7 @@ from sglang_feather.cht.errors import (
     UnknownRequest,
 )
 from sglang_feather.cht.nodes import RequestState
-from sglang_feather.cht.tree import Candidate, TakenPicks
+from sglang_feather.cht.tree import Candidate
 from sglang_feather.types import ChunkHash, RequestId
 
 
@@ -183,26 +184,10 @@ class ReferenceTree:
         return self.describe(rid)
 
     def take_picks(self, max_picks: int, skip_running_uncached: bool) -> TakenPicks:
-        """`best`, `suspend` and `activate` one call at a time, as `take_picks` promises to do them."""
-        picks: list[Candidate] = []
-        skipped: list[RequestId] = []
-        ends: list[int] = []
-        for i in range(max_picks):
-            if i:
-                self.activate(picks[-1].request_id)
-            best = self.best()
-            while best is not None and skip_running_uncached and best.runs_uncached:
-                self.suspend(best.request_id)
-                skipped.append(best.request_id)
-                best = self.best()
-            if best is None:
-                return TakenPicks(picks, self._groups(picks), skipped, ends, True)
-            picks.append(best)
-            ends.append(len(skipped))
-        return TakenPicks(picks, self._groups(picks), skipped, ends, False)
+        return take_picks_stepwise(self, max_picks, skip_running_uncached)
 
-    def _groups(self, picks: list[Candidate]) -> list[ChunkHash]:
-        return [self.hashes[pick.request_id][0] for pick in picks]
+    def prefix_hash(self, rid: RequestId) -> ChunkHash:
+        return self.hashes[rid][0]
 
     def oldest_stranger(self) -> RequestId | None:
         strangers = [rid for rid in self.eligible() if not self.covered_depth(rid)]

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from sglang_feather.cht.cache_tier import CacheTier
-from sglang_feather.cht.candidate import Candidate, TakenPicks
+from sglang_feather.cht.candidate import Candidate, TakenPicks, take_picks_stepwise
 from sglang_feather.cht.checks import (
     check_depth,
     checked_arrival,
@@ -176,25 +176,7 @@ class PythonTree(Ranking, CacheTier, Paths):
         nothing is left after it); with `skip_running_uncached`, a best whose prefix runs uncached
         (`Candidate.runs_uncached`) is suspended and passed over. What a pass planned ahead takes while no
         request can fall due, in one call."""
-        max_picks = checked_count("max_picks", max_picks)
-        picks: list[Candidate] = []
-        groups: list[ChunkHash] = []
-        skipped: list[RequestId] = []
-        ends: list[int] = []
-        for i in range(max_picks):
-            if i:
-                self.activate(picks[-1].request_id)
-            candidate = self.best()
-            while candidate is not None and skip_running_uncached and candidate.runs_uncached:
-                self.suspend(candidate.request_id)
-                skipped.append(candidate.request_id)
-                candidate = self.best()
-            if candidate is None:
-                return TakenPicks(picks, groups, skipped, ends, True)
-            picks.append(candidate)
-            groups.append(self.prefix_hash(candidate.request_id))
-            ends.append(len(skipped))
-        return TakenPicks(picks, groups, skipped, ends, False)
+        return take_picks_stepwise(self, checked_count("max_picks", max_picks), skip_running_uncached)
 
     def candidate(self, request_id: RequestId) -> Candidate:
         """`best()`'s numbers for a given waiting request (e.g. one the aging guard admits)."""
