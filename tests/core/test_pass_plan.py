@@ -82,6 +82,15 @@ def test_a_planned_pass_admits_and_counts_as_the_step_path(seed):
     max_wait_s = rng.choice((None, 0.4, 1.5, 300.0))
     steps, plans = make(max_wait_s=max_wait_s), make(max_wait_s=max_wait_s)
     assert plans.can_plan
+    num_taken = []  # picks the plan took in one call of the tree (no due check could touch them)
+    take_picks = plans.tree.take_picks
+
+    def counted_take_picks(max_picks, skip_running_uncached):
+        taken = take_picks(max_picks, skip_running_uncached)
+        num_taken.append(len(taken.candidates))
+        return taken
+
+    plans.tree.take_picks = counted_take_picks
     groups = [[g] * rng.choice((8, 16, 24)) for g in range(1, 7)]
     running: list[str] = []
     num_due = num_refused = 0
@@ -121,6 +130,7 @@ def test_a_planned_pass_admits_and_counts_as_the_step_path(seed):
                 for adm in (steps, plans):
                     (adm.retract if retracted else adm.finish)(done)
     assert steps.stats.num_admitted > 40 and steps.stats.num_deferred > 0, "the run admitted and deferred"
+    assert sum(num_taken) > steps.stats.num_admitted / 3, "most picks came from one call of the tree"
     assert num_refused > 0
     if max_wait_s is not None and max_wait_s < 2:
         assert num_due > 0, "due requests were served"
