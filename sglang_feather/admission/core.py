@@ -201,6 +201,10 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         """A stopper decision on a pick that is neither aged nor deferred: the pass's first one rolls the
         reward window; one the stopper had a choice on counts as a consult."""
         self._roll_window_once()
+        self._count_consult(candidate, batch_size)
+
+    def _count_consult(self, candidate: Candidate, batch_size: int) -> None:
+        """A decision the stopper had a choice on (not a forced case) counts as a consult."""
         if not is_forced_case(batch_size, candidate.adds_group, candidate.delta):
             self.stats.num_consults += 1
             self.stats.num_group_consults += candidate.adds_group
@@ -407,21 +411,14 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
             guard.admitted(waits[aged])
             guard.served_all(waits[aged:])
         admitted = plan.candidates[:num_admitted]
-        if num_admitted > (
-            aged == 0
-        ):  # a pick the stopper decided on (any but the aged one) rolls the window
+        num_decided = num_admitted - (aged is not None)  # picks the stopper decided on: all but the aged one
+        if num_decided:
             self._roll_window_once()
-        num_consults = num_group_consults = sum_delta = 0
         size = plan.batch_size
         for i, candidate in enumerate(admitted):
-            delta = candidate.delta
-            sum_delta += delta
-            if i != aged and not is_forced_case(size + i, candidate.adds_group, delta):
-                num_consults += 1
-                num_group_consults += candidate.adds_group
-        stats.num_consults += num_consults
-        stats.num_group_consults += num_group_consults
-        stats.sum_delta += sum_delta
+            if i != aged:
+                self._count_consult(candidate, size + i)
+        stats.sum_delta += sum(candidate.delta for candidate in admitted)
         footprint.joined_all(plan.groups[:num_admitted], [c.num_chunks - c.depth_running for c in admitted])
         stats.num_admitted += num_admitted
         self._in_flight.admitted_all([candidate.request_id for candidate in admitted])

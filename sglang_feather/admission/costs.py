@@ -113,11 +113,7 @@ class RunningFootprint:
         """`joined` for each (group, chunks) pair, in order."""
         waiting, running = self.waiting, self.running
         for group in groups:
-            num = waiting.get(group, 0) - 1
-            if num > 0:
-                waiting[group] = num
-            else:
-                waiting.pop(group, None)
+            _decrement(waiting, group)
             running[group] = running.get(group, 0) + 1
         self.num_running_chunks += sum(num_chunks)
 

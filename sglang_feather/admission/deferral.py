@@ -81,13 +81,15 @@ class InFlightCheck:
         cached_tokens: Callable[[RequestId], int] | None,
     ) -> bool:
         """Running requests share chunks with the candidate beyond what the engine's cache holds."""
+        if not self.enabled:
+            return False
+        if self.cache_events:
+            return candidate.runs_uncached
         covered = candidate.depth_running
         if covered == candidate.num_chunks:
             covered -= 1
-        if covered <= 0 or not self.enabled:
+        if covered <= 0:
             return False
-        if self.cache_events:
-            return covered > candidate.depth_cached
         if cached_tokens is None:
             return self._shares_only_this_pass(tree, candidate, covered)
         page = self.page_size
