@@ -201,13 +201,13 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         """A stopper decision on a pick that is neither aged nor deferred: the pass's first one rolls the
         reward window; one the stopper had a choice on counts as a consult."""
         self._roll_window_once()
-        self._count_consult(candidate, batch_size)
+        self._count_consult(batch_size, candidate.adds_group, candidate.delta)
 
-    def _count_consult(self, candidate: Candidate, batch_size: int) -> None:
+    def _count_consult(self, batch_size: int, adds_group: bool, delta: int) -> None:
         """A decision the stopper had a choice on (not a forced case) counts as a consult."""
-        if not is_forced_case(batch_size, candidate.adds_group, candidate.delta):
+        if not is_forced_case(batch_size, adds_group, delta):
             self.stats.num_consults += 1
-            self.stats.num_group_consults += candidate.adds_group
+            self.stats.num_group_consults += adds_group
 
     def _roll_window_once(self) -> None:
         """The pass's first stopper decision rolls the reward window."""
@@ -414,12 +414,15 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         num_decided = num_admitted - (aged is not None)  # picks the stopper decided on: all but the aged one
         if num_decided:
             self._roll_window_once()
-        size = plan.batch_size
+        size, sum_delta, num_new_chunks = plan.batch_size, 0, 0
         for i, candidate in enumerate(admitted):
+            delta, depth_running = candidate.depth_before - candidate.depth_after, candidate.depth_running
+            sum_delta += delta
+            num_new_chunks += candidate.num_chunks - depth_running
             if i != aged:
-                self._count_consult(candidate, size + i)
-        stats.sum_delta += sum(candidate.delta for candidate in admitted)
-        footprint.joined_all(plan.groups[:num_admitted], [c.num_chunks - c.depth_running for c in admitted])
+                self._count_consult(size + i, depth_running == 0, delta)
+        stats.sum_delta += sum_delta
+        footprint.joined_all(plan.groups[:num_admitted], num_new_chunks)
         stats.num_admitted += num_admitted
         self._in_flight.admitted_all([candidate.request_id for candidate in admitted])
 

@@ -109,13 +109,13 @@ class RunningFootprint:
         self.running[group] = self.running.get(group, 0) + 1
         self.num_running_chunks += num_chunks
 
-    def joined_all(self, groups: list[ChunkHash], num_chunks: list[int]) -> None:
-        """`joined` for each (group, chunks) pair, in order."""
+    def joined_all(self, groups: list[ChunkHash], num_chunks: int) -> None:
+        """`joined` for each of `groups`, bringing `num_chunks` new running chunks between them."""
         waiting, running = self.waiting, self.running
         for group in groups:
             _decrement(waiting, group)
             running[group] = running.get(group, 0) + 1
-        self.num_running_chunks += sum(num_chunks)
+        self.num_running_chunks += num_chunks
 
     def leaving(self, tree: ChunkedHashTree, request_id: RequestId) -> tuple[ChunkHash, int]:
         """A running request is about to stop running (ask before the tree finishes or deactivates it): its

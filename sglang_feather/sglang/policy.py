@@ -94,9 +94,10 @@ class FeatherAdderMixin:
 
     def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: int | None):
         feather = self.feather
-        if feather.reaches_planned(req):
+        if req is feather.next_planned:
             result = super().add_one_req(req, has_chunked_req, truncation_align_size)
-            feather.planned_added(bool(self.can_run_list) and self.can_run_list[-1] is req)
+            can_run = self.can_run_list
+            feather.planned_added(bool(can_run) and can_run[-1] is req)
             return result
         running = self.running_batch.reqs if self.running_batch is not None else ()
         return feather.admit(

@@ -51,8 +51,9 @@ SAVE_INTERVAL_S = 30.0
 #
 # With a stopper that adds without looking (`always`, the default) and the cache tier fed, passes are planned
 # ahead instead (`admission/plan.py`): `begin_pass` takes a block of picks at once (one more than SGLang
-# admitted in the last pass) and moves them to the head of the queue in order, `admit` only checks that
-# SGLang's loop reached the next planned request and runs SGLang's own `add_one_req`, and a block twice as
+# admitted in the last pass) and moves them to the head of the queue in order, the adder only checks that
+# SGLang's loop reached the next planned request (`next_planned`), runs SGLang's own `add_one_req` and tells
+# `planned_added`, and a block twice as
 # long follows whenever the loop admits the last planned one. At the first
 # refusal, when nothing is left to plan, when the loop passes over a planned request, or else at the step end,
 # `settle` books what SGLang admitted and undoes the rest; a pass that goes on after it steps. The
@@ -102,8 +103,12 @@ class FeatherRuntime(QueueSlots):
         self._planned: list[Any] | None = None
         """This pass's planned requests in queue order (None: the pass goes step by step)."""
         self._planned_picks: list[Candidate] = []
-        self._num_reached = 0
+        self.next_planned: Any = None
+        """The planned request SGLang's loop should reach next (the adder compares it by identity, then runs
+        its own `add_one_req` and tells `planned_added`); None while no pass is planned."""
         self._num_admitted = 0
+        self._moved_mark = 0
+        """Where this plan's placed requests start in `_moved` (its admitted ones leave it at settle)."""
         self._refused = False
         self._block = 1
         self._last_num_admitted = 0
@@ -232,7 +237,8 @@ class FeatherRuntime(QueueSlots):
     def _begin_plan(self, batch_size: int) -> None:
         self.num_planned_passes += 1
         self._planned, self._planned_picks = [], []
-        self._num_reached = self._num_admitted = 0
+        self._moved_mark = len(self._moved)
+        self._num_admitted = 0
         self._refused = False
         self._block = self._last_num_admitted + 1
         self._plan_block(batch_size)
@@ -242,28 +248,23 @@ class FeatherRuntime(QueueSlots):
         picks = self.admission.plan_ahead(batch_size, self._block)
         self._block *= 2
         self._planned_picks += picks
-        self._planned += self._place(picks, len(self._planned))
-
-    def reaches_planned(self, req: Any) -> bool:
-        """Whether `req` is the next planned request (checked before SGLang's own `add_one_req`, which then
-        decides on it alone, and `planned_added` is told what it did); else `admit` decides."""
-        t0 = time.perf_counter()
-        planned, i = self._planned, self._num_reached
-        reached = planned is not None and i < len(planned) and req is planned[i] and not self._fcfs_pass
-        if reached:
-            self._num_reached = i + 1
-        self._step_s += time.perf_counter() - t0
-        return reached
+        planned = self._planned
+        planned += self._place(picks, len(planned))
+        self.next_planned = planned[self._num_admitted] if self._num_admitted < len(planned) else None
 
     def planned_added(self, added: bool) -> None:
-        """SGLang's `add_one_req` admitted the planned request `reaches_planned` accepted (or refused it)."""
+        """SGLang's `add_one_req` admitted `next_planned` (or refused it): the next planned request follows, a
+        longer block once this one is all admitted; a refusal settles the plan."""
         t0 = time.perf_counter()
         try:
             if added:
-                self._num_admitted += 1
-                if self._num_admitted == len(self._planned):
+                num_admitted = self._num_admitted = self._num_admitted + 1
+                planned = self._planned
+                if num_admitted < len(planned):
+                    self.next_planned = planned[num_admitted]
+                else:
                     self._plan_block(0)
-                    if self._num_admitted == len(self._planned):
+                    if num_admitted == len(self._planned):
                         self._settle_plan()  # nothing left to plan: what the loop reaches next steps
             else:
                 self._refused = True
@@ -275,9 +276,9 @@ class FeatherRuntime(QueueSlots):
     def _guarded_settle(self) -> None:
         t0 = time.perf_counter()
         try:
-            passed_over = self._num_reached if not self._refused else None
+            passed_over = self._num_admitted  # a plan still open was refused nothing: all it reached joined
             self._settle_plan()
-            if passed_over is not None and passed_over < len(self._planned_picks):
+            if passed_over < len(self._planned_picks):
                 self.admission.skip(self._planned_picks[passed_over])
         except Exception:
             self._failed("plan settling", [])
@@ -287,7 +288,9 @@ class FeatherRuntime(QueueSlots):
         """Book what SGLang admitted of the plan and undo the rest; the pass (if it goes on) steps."""
         if self._planned is None:
             return
-        self._planned = None
+        self._planned = self.next_planned = None
+        mark = self._moved_mark
+        del self._moved[mark : mark + self._num_admitted]  # SGLang's filter takes the admitted ones out
         num_consults, num_group = self.admission.stats.num_consults, self.admission.stats.num_group_consults
         admitted = self.admission.settle(self._num_admitted, self._refused)
         if self.metrics is not None:
@@ -428,7 +431,7 @@ class FeatherRuntime(QueueSlots):
     def _failed(self, where: str, reqs: Sequence[Any]) -> None:
         self.num_errors += 1
         self._fcfs_pass = True
-        self._planned = None
+        self._planned = self.next_planned = None
         self._needs_rebuild = True
         rids = [getattr(req, "rid", None) for req in reqs]
         logger.exception("Feather failed in %s (requests %s); this pass falls back to FCFS", where, rids)
