@@ -119,7 +119,7 @@ def _check_lower_bounds(tree: PythonTree) -> None:
     for node in [tree._root, *tree._nodes.values()]:
         for entry in node.candidates:
             entries.setdefault((id(node), id(entry[3])), set()).add(entry[:2])
-    live_global = _live_entries(tree._global, 5, 4, "global_key")
+    live_global = _live_entries(tree._global, 6, 5, "global_key")
     live_strangers = _live_entries(tree._strangers, 3, 2, "stranger_key")
     for node in tree._nodes.values():
         _require(
@@ -161,7 +161,7 @@ def _check_lower_bounds(tree: PythonTree) -> None:
             node = node.parent
         bound = live_global.get(id(node))
         _require(
-            bound is not None and bound <= (-node.depth, -(node.num_waiting + node.num_active), *key),
+            bound is not None and bound <= tree._global_key(node, key),
             f"no global entry bounds {req.id!r} (covered node at depth {node.depth})",
         )
 

@@ -106,17 +106,17 @@ def compacted(heap: list[tuple]) -> list[tuple]:
 
 def compacted_global(heap: list[tuple]) -> list[tuple]:
     """The live entry per covered node (the one that matches the node's `global_key`); entries are
-    (-depth, -num_waiting, arrival, seq, push, node)."""
+    (-depth, -runs, -requests through it, arrival, seq, push, node)."""
     kept = {
-        id(entry[5]): entry
+        id(entry[6]): entry
         for entry in heap
-        if entry[:4] == entry[5].global_key and entry[5].is_alive and entry[5].is_covered
+        if entry[:5] == entry[6].global_key and entry[6].is_alive and entry[6].is_covered
     }
     compacted = list(kept.values())
     for entry in heap:
-        entry[5].global_key = None
+        entry[6].global_key = None
     for entry in compacted:
-        entry[5].global_key = entry[:4]
+        entry[6].global_key = entry[:5]
     heapq.heapify(compacted)
     return compacted
 

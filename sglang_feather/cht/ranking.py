@@ -20,14 +20,14 @@ from sglang_feather.cht.paths import covered_depth
 # How it works. Each node keeps a lazy min-heap `candidates` of (a) the waiting requests that end exactly there
 # and (b) its children, keyed by the child's cached `best` (the earliest waiting request in the child's
 # subtree); a global lazy heap holds one key per covered node with waiting requests leaving coverage right
-# below it (tier 1: deepest covered node, then the most requests through it, then arrival). Tier 2: each
-# first-level node keeps a lazy heap of its waiting requests by (arrival, seq), and a stranger heap holds one
-# key per uncovered first-level node. A node that enters coverage (an activation, a cache store) pushes ONE
+# below it (tier 1: deepest covered node, then one running requests hold before one only cached, then the most
+# requests through it, then arrival). Tier 2: each first-level node keeps a lazy heap of its waiting requests by
+# (arrival, seq), and a stranger heap holds one key per uncovered first-level node. A node that enters coverage (an activation, a cache store) pushes ONE
 # global entry, whatever the number of waiting requests below it; one that leaves it (a finish, an eviction)
 # re-offers its subtree to its parent. Entries are never updated in place: keys only ever under-estimate
 # (removals raise true minima), so a popped entry is checked, and if stale re-keyed and pushed again (the lazy
-# lower-bound heap); the one key that can fall, a node's request count, is re-pushed for the covered nodes of
-# a path that gains a request. A suspended request counts everywhere but its entries read as stale, so it is
+# lower-bound heap); the keys that can fall are re-pushed: a node's request count for the covered nodes of a
+# path that gains a request, its running flag for the cached nodes its first running request reaches. A suspended request counts everywhere but its entries read as stale, so it is
 # passed over; `resume` publishes it again like an insert. Every heap is compacted when its entries outnumber
 # the live items below it by a constant factor, so memory is bounded by the live requests.
 
@@ -119,10 +119,11 @@ class Ranking:
         self._push_global(node)
 
     def _global_key(self, node: PrefixNode, top: tuple) -> tuple:
-        """Tier-1 rank of the requests leaving coverage right below `node`: deepest first, then the most
-        requests through it (waiting or running: admitting one does not demote its group), then the earliest
-        of them."""
-        return (-node.depth, -(node.num_waiting + node.num_active), top[0], top[1])
+        """Tier-1 rank of the requests leaving coverage right below `node`: deepest first, then a node running
+        requests hold before one only the cache holds (a running group's requests add no prefix to the batch's
+        KV), then the most requests through it (waiting or running: admitting one does not demote its group),
+        then the earliest of them."""
+        return (-node.depth, -(node.num_active > 0), -(node.num_waiting + node.num_active), top[0], top[1])
 
     def _push_global(self, node: PrefixNode) -> None:
         top = self._settle(node)
@@ -224,8 +225,8 @@ class Ranking:
         heap = self._global
         while heap:
             entry = heap[0]
-            node = entry[5]
-            if entry[:4] != node.global_key:
+            node = entry[6]
+            if entry[:5] != node.global_key:
                 heapq.heappop(heap)  # superseded by the node's newer, smaller entry (or no longer needed)
                 continue
             if not node.is_alive or not node.is_covered:

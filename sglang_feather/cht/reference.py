@@ -162,8 +162,9 @@ class ReferenceTree:
         return max(self.running_depth(rid), self.cached_depth(rid))
 
     def best(self) -> Candidate | None:
-        """Tier 1, requests with a covered first chunk: deepest covered prefix, then the most requests (waiting
-        or running) through it, then arrival; else FCFS."""
+        """Tier 1, requests with a covered first chunk: deepest covered prefix, then one running requests hold
+        before one only the cache holds, then the most requests (waiting or running) through it, then arrival;
+        else FCFS."""
         eligible = self.eligible()
         if not eligible:
             return None
@@ -171,12 +172,13 @@ class ReferenceTree:
         sharing = [rid for rid in eligible if covered[rid]]
         if sharing:
             paths = list(self.hashes.values())
+            working = self.working_set()
 
             def rank(rid: RequestId) -> tuple:
                 depth = covered[rid]
                 node = self.hashes[rid][depth - 1]
                 weight = sum(len(path) >= depth and path[depth - 1] == node for path in paths)
-                return (-depth, -weight, *self.order[rid])
+                return (-depth, -(node in working), -weight, *self.order[rid])
 
             rid = min(sharing, key=rank)
         else:

@@ -304,6 +304,12 @@ class PythonTree(Ranking, CacheTier, Paths):
             below = path[depth + 1].num_waiting if depth + 1 < len(path) else 0
             if node.num_waiting > below:
                 self._push_global(node)
+        # A cached node its first running request reaches ranks higher now (its key fell): re-push its entry.
+        for node in path:
+            if not node.cached:
+                break
+            if node.num_active == 1 and node.global_key is not None:
+                self._push_global(node)
         self._update_shared_after_activate(req)
         self._best_valid = False
 

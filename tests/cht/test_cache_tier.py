@@ -63,6 +63,25 @@ class TestRanking:
         )
         tree.check_invariants()
 
+    def test_at_equal_depth_a_running_group_beats_a_heavier_group_only_cached(self, tree_cls):
+        tree = tree_cls(CHUNK)
+        other = list(range(200, 232))
+        cache_prompt(tree, DOC)
+        cache_prompt(tree, other)
+        for i in range(3):
+            tree.insert(f"other-{i}", prompt(other, i), arrival=float(i))
+        tree.insert("doc-running", prompt(DOC, 9), arrival=10.0)
+        tree.insert("doc-waiting", prompt(DOC, 8), arrival=11.0)
+        assert tree.best().request_id == "other-0", "nothing runs yet: the heavier cached group first"
+        tree.activate("doc-running")
+        assert tree.best().request_id == "doc-waiting", (
+            "its group's prefix is already in the running batch: admitting it adds no prefix KV to decode"
+        )
+        tree.check_invariants()
+        tree.finish("doc-running")
+        assert tree.best().request_id == "other-0", "its group no longer runs: back to the heavier group"
+        tree.check_invariants()
+
     def test_no_length_bias_within_a_group(self, tree_cls):
         tree = tree_cls(CHUNK)
         cache_prompt(tree, DOC)

@@ -375,7 +375,7 @@ bool lookup_hash(PyObject* item, uint64_t& out) {
 
 // ------------------------------------------------------------------------------------------- keys
 
-struct Key {  // global heap: (-(depth << 32 | requests through the node), arrival, seq); strangers: (0, arrival, seq)
+struct Key {  // global heap: (-(depth << 33 | runs << 32 | requests through the node), arrival, seq); strangers: (0, arrival, seq)
     int64_t n;
     double a;
     uint64_t s;
@@ -1275,6 +1275,11 @@ class Core {
         for (size_t d = first_entered; d < len; ++d) {
             uint32_t below = d + 1 < len ? nodes_[path[d + 1]].num_waiting : 0;
             if (nodes_[path[d]].num_waiting > below) push_global(path[d]);
+        }
+        // A cached node its first running request reaches ranks higher now (its key fell): re-push its entry.
+        for (size_t d = 0; d < len && nodes_[path[d]].cached; ++d) {
+            const Node& n = nodes_[path[d]];
+            if (n.num_active == 1 && n.has_global) push_global(path[d]);
         }
         update_shared_after_activate(h);
         best_valid_ = false;
@@ -2270,10 +2275,12 @@ class Core {
     }
 
     // Tier-1 rank of the waiting requests leaving coverage right below `n` (tree.py's `_global_key`): deepest
-    // first, then the most requests through it (waiting or running), then the earliest of them (`top`). The
-    // first two are one int64: -(depth << 32 | requests).
+    // first, then a node running requests hold before one only the cache holds, then the most requests through
+    // it (waiting or running), then the earliest of them (`top`). The first three are one int64:
+    // -(depth << 33 | runs << 32 | requests).
     static Key global_key(const Node& n, const AKey& top) {
-        uint64_t weight = (static_cast<uint64_t>(n.depth) << 32) | (n.num_waiting + n.num_active);
+        uint64_t runs = n.num_active > 0 ? 1 : 0;
+        uint64_t weight = (static_cast<uint64_t>(n.depth) << 33) | (runs << 32) | (n.num_waiting + n.num_active);
         return Key{-static_cast<int64_t>(weight), top.a, top.s};
     }
 
