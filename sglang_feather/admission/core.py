@@ -416,11 +416,11 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
             self._roll_window_once()
         size, sum_delta, num_new_chunks = plan.batch_size, 0, 0
         for i, candidate in enumerate(admitted):
-            delta, depth_running = candidate.depth_before - candidate.depth_after, candidate.depth_running
+            delta = candidate.delta
             sum_delta += delta
-            num_new_chunks += candidate.num_chunks - depth_running
+            num_new_chunks += candidate.num_chunks - candidate.depth_running
             if i != aged:
-                self._count_consult(size + i, depth_running == 0, delta)
+                self._count_consult(size + i, candidate.adds_group, delta)
         stats.sum_delta += sum_delta
         footprint.joined_all(plan.groups[:num_admitted], num_new_chunks)
         stats.num_admitted += num_admitted

@@ -19,17 +19,18 @@ from sglang_feather.cht.paths import covered_depth
 
 # How it works. Each node keeps a lazy min-heap `candidates` of (a) the waiting requests that end exactly there
 # and (b) its children, keyed by the child's cached `best` (the earliest waiting request in the child's
-# subtree); a global lazy heap holds one key per covered node with waiting requests leaving coverage right
-# below it (tier 1: deepest covered node, then one running requests hold before one only cached, then the most
+# subtree); a global lazy heap holds one key per covered node with waiting requests leaving coverage right below
+# it (tier 1: deepest covered node, then one running requests hold before one only cached, then the most
 # requests through it, then arrival). Tier 2: each first-level node keeps a lazy heap of its waiting requests by
-# (arrival, seq), and a stranger heap holds one key per uncovered first-level node. A node that enters coverage (an activation, a cache store) pushes ONE
-# global entry, whatever the number of waiting requests below it; one that leaves it (a finish, an eviction)
-# re-offers its subtree to its parent. Entries are never updated in place: keys only ever under-estimate
-# (removals raise true minima), so a popped entry is checked, and if stale re-keyed and pushed again (the lazy
-# lower-bound heap); the keys that can fall are re-pushed: a node's request count for the covered nodes of a
-# path that gains a request, its running flag for the cached nodes its first running request reaches. A suspended request counts everywhere but its entries read as stale, so it is
-# passed over; `resume` publishes it again like an insert. Every heap is compacted when its entries outnumber
-# the live items below it by a constant factor, so memory is bounded by the live requests.
+# (arrival, seq), and a stranger heap holds one key per uncovered first-level node. A node that enters coverage
+# (an activation, a cache store) pushes ONE global entry, whatever the number of waiting requests below it; one
+# that leaves it (a finish, an eviction) re-offers its subtree to its parent. Entries are never updated in
+# place: keys only ever under-estimate (removals raise true minima), so a popped entry is checked, and if stale
+# re-keyed and pushed again (the lazy lower-bound heap); the keys that can fall are re-pushed: a node's request
+# count for the covered nodes of a path that gains a request, its running flag for the cached nodes its first
+# running request reaches. A suspended request counts everywhere but its entries read as stale, so it is passed
+# over; `resume` publishes it again like an insert. Every heap is compacted when its entries outnumber the live
+# items below it by a constant factor, so memory is bounded by the live requests.
 
 _WAITING = RequestState.WAITING
 

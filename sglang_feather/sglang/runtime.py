@@ -53,8 +53,7 @@ SAVE_INTERVAL_S = 30.0
 # ahead instead (`admission/plan.py`): `begin_pass` takes a block of picks at once (one more than SGLang
 # admitted in the last pass) and moves them to the head of the queue in order, the adder only checks that
 # SGLang's loop reached the next planned request (`next_planned`), runs SGLang's own `add_one_req` and tells
-# `planned_added`, and a block twice as
-# long follows whenever the loop admits the last planned one. At the first
+# `planned_added`, and a block twice as long follows whenever the loop admits the last planned one. At the first
 # refusal, when nothing is left to plan, when the loop passes over a planned request, or else at the step end,
 # `settle` books what SGLang admitted and undoes the rest; a pass that goes on after it steps. The
 # admissions are the same as the step path's (tests/sglang/test_planned_pass.py).

@@ -375,7 +375,8 @@ bool lookup_hash(PyObject* item, uint64_t& out) {
 
 // ------------------------------------------------------------------------------------------- keys
 
-struct Key {  // global heap: (-(depth << 33 | runs << 32 | requests through the node), arrival, seq); strangers: (0, arrival, seq)
+// Global heap: (-(depth << 33 | runs << 32 | requests through the node), arrival, seq); strangers: (0, arrival, seq).
+struct Key {
     int64_t n;
     double a;
     uint64_t s;
