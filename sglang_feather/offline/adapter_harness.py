@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from array import array
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -138,8 +139,10 @@ class AdapterHarness:
 
     # ------------------------------------------------------------ scheduler steps
 
-    def prefill_pass(self) -> PassResult:
-        """One `_get_new_batch_prefill_raw` (no chunked request: SGLang's CPU default has no chunked prefill)."""
+    def prefill_pass(self, passes_over: Collection[str] = ()) -> PassResult:
+        """One `_get_new_batch_prefill_raw` (no chunked request: SGLang's CPU default has no chunked prefill);
+        its loop passes over the requests whose rid is in `passes_over` without asking the adder, as SGLang's
+        does for a LoRA adapter that cannot load or a storage prefetch still running."""
         scheduler = self.scheduler
         running = scheduler.running_batch
         t0 = time.perf_counter()
@@ -164,6 +167,8 @@ class AdapterHarness:
                 break
             if len(running.reqs) + len(adder.can_run_list) >= self.max_running_requests:
                 break
+            if req.rid in passes_over:
+                continue
             req.init_next_round_input(self.cache)
             if (
                 adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)

@@ -16,6 +16,8 @@ from sglang_feather.sglang.runtime import FeatherRuntime
 
 AddReqResult = _sglang_policy.AddReqResult
 
+_NOT_PLANNED = object()
+
 
 class FeatherSchedulePolicy(_sglang_policy.SchedulePolicy):
     """SGLang's `SchedulePolicy`; with `policy="feather"` the queue order comes from the Chunked Hash Tree.
@@ -94,10 +96,16 @@ class FeatherAdderMixin:
 
     def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: int | None):
         feather = self.feather
-        if req is feather.next_planned:
+        can_run = self.can_run_list
+        before = feather.planned_before.get(req, _NOT_PLANNED)
+        if before is not _NOT_PLANNED and (
+            (bool(can_run) and can_run[-1] is before) if before is not None else feather.plan_reached(can_run)
+        ):
             result = super().add_one_req(req, has_chunked_req, truncation_align_size)
-            can_run = self.can_run_list
-            feather.planned_added(bool(can_run) and can_run[-1] is req)
+            if not (can_run and can_run[-1] is req):
+                feather.planned_refused()
+            elif req is feather.last_planned:
+                feather.planned_all_added()
             return result
         running = self.running_batch.reqs if self.running_batch is not None else ()
         return feather.admit(

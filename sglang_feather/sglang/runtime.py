@@ -51,11 +51,13 @@ SAVE_INTERVAL_S = 30.0
 #
 # With a stopper that adds without looking (`always`, the default) and the cache tier fed, passes are planned
 # ahead instead (`admission/plan.py`): `begin_pass` takes a block of picks at once (one more than SGLang
-# admitted in the last pass) and moves them to the head of the queue in order, the adder only checks that
-# SGLang's loop reached the next planned request (`next_planned`), runs SGLang's own `add_one_req` and tells
-# `planned_added`, and a block twice as long follows whenever the loop admits the last planned one. At the first
-# refusal, when nothing is left to plan, when the loop passes over a planned request, or else at the step end,
-# `settle` books what SGLang admitted and undoes the rest; a pass that goes on after it steps. The
+# admitted in the last pass) and moves them to the head of the queue in order. The adder only reads
+# whether the request its loop reached is planned and follows the last one it admitted (`planned_before`) and
+# runs SGLang's own `add_one_req`; Feather hears of the plan's first request (`plan_reached`: where the loop's
+# admissions start), of a refusal (`planned_refused`) and of the block's last admission (`planned_all_added`:
+# a block twice as long follows), never of each admission, which it counts from SGLang's `can_run_list`. At the
+# first refusal, when nothing is left to plan, when the loop passes over a planned request, or else at the step
+# end, `settle` books what SGLang admitted and undoes the rest; a pass that goes on after it steps. The
 # admissions are the same as the step path's (tests/sglang/test_planned_pass.py).
 
 
@@ -102,10 +104,16 @@ class FeatherRuntime(QueueSlots):
         self._planned: list[Any] | None = None
         """This pass's planned requests in queue order (None: the pass goes step by step)."""
         self._planned_picks: list[Candidate] = []
-        self.next_planned: Any = None
-        """The planned request SGLang's loop should reach next (the adder compares it by identity, then runs
-        its own `add_one_req` and tells `planned_added`); None while no pass is planned."""
-        self._num_admitted = 0
+        self.planned_before: dict[Any, Any] = {}
+        """Each planned request -> the one planned before it (None for the plan's first): the adder treats the
+        request its loop reaches as planned when the last one it admitted is that predecessor (a read, with no
+        call into Feather); empty while no pass is planned."""
+        self.last_planned: Any = None
+        """The plan's last request: once the adder admits it, `planned_all_added` plans the next block."""
+        self._can_run: list[Any] | None = None
+        """SGLang's adder's `can_run_list` once its loop reached the plan (`plan_reached`), and its length then:
+        what it gained since are the plan's admitted requests, in order."""
+        self._can_run_mark = 0
         self._moved_mark = 0
         """Where this plan's placed requests start in `_moved` (its admitted ones leave it at settle)."""
         self._refused = False
@@ -235,9 +243,9 @@ class FeatherRuntime(QueueSlots):
 
     def _begin_plan(self, batch_size: int) -> None:
         self.num_planned_passes += 1
+        self._close_plan()
         self._planned, self._planned_picks = [], []
         self._moved_mark = len(self._moved)
-        self._num_admitted = 0
         self._refused = False
         self._block = self._last_num_admitted + 1
         self._plan_block(batch_size)
@@ -248,26 +256,44 @@ class FeatherRuntime(QueueSlots):
         self._block *= 2
         self._planned_picks += picks
         planned = self._planned
-        planned += self._place(picks, len(planned))
-        self.next_planned = planned[self._num_admitted] if self._num_admitted < len(planned) else None
+        reqs = self._place(picks, len(planned))
+        if reqs:
+            self.planned_before.update(zip(reqs, [self.last_planned, *reqs[:-1]]))
+            self.last_planned = reqs[-1]
+        planned += reqs
 
-    def planned_added(self, added: bool) -> None:
-        """SGLang's `add_one_req` admitted `next_planned` (or refused it): the next planned request follows, a
-        longer block once this one is all admitted; a refusal settles the plan."""
+    @property
+    def num_planned_admitted(self) -> int:
+        """The plan's requests SGLang's adder admitted so far (a prefix of the plan)."""
+        return 0 if self._can_run is None else len(self._can_run) - self._can_run_mark
+
+    def plan_reached(self, can_run: list[Any]) -> bool:
+        """SGLang's loop reached the plan's first request: its adder's admissions from here on are the plan's.
+        Returns True (the adder goes on as for any planned request)."""
+        t0 = time.perf_counter()
+        self._can_run, self._can_run_mark = can_run, len(can_run)
+        self._step_s += time.perf_counter() - t0
+        return True
+
+    def planned_all_added(self) -> None:
+        """SGLang's adder admitted the plan's last request: a block twice as long follows (or, with nothing
+        left to plan, the plan settles and what the loop reaches next steps)."""
         t0 = time.perf_counter()
         try:
-            if added:
-                num_admitted = self._num_admitted = self._num_admitted + 1
-                planned = self._planned
-                if num_admitted < len(planned):
-                    self.next_planned = planned[num_admitted]
-                else:
-                    self._plan_block(0)
-                    if num_admitted == len(self._planned):
-                        self._settle_plan()  # nothing left to plan: what the loop reaches next steps
-            else:
-                self._refused = True
-                self._settle_plan()  # the pass ends here, or goes on past the refusal step by step
+            self._plan_block(0)
+            if self.num_planned_admitted == len(self._planned):
+                self._settle_plan()
+        except Exception:
+            self._failed("planned admission", self._planned[-1:] if self._planned else [])
+        self._step_s += time.perf_counter() - t0
+
+    def planned_refused(self) -> None:
+        """SGLang's budget refused the planned request its loop reached: the plan settles (the pass ends there,
+        or goes on past the refusal step by step)."""
+        t0 = time.perf_counter()
+        try:
+            self._refused = True
+            self._settle_plan()
         except Exception:
             self._failed("planned admission", self._planned[-1:] if self._planned else [])
         self._step_s += time.perf_counter() - t0
@@ -275,7 +301,7 @@ class FeatherRuntime(QueueSlots):
     def _guarded_settle(self) -> None:
         t0 = time.perf_counter()
         try:
-            passed_over = self._num_admitted  # a plan still open was refused nothing: all it reached joined
+            passed_over = self.num_planned_admitted  # an open plan was refused nothing: all it reached joined
             self._settle_plan()
             if passed_over < len(self._planned_picks):
                 self.admission.skip(self._planned_picks[passed_over])
@@ -287,11 +313,12 @@ class FeatherRuntime(QueueSlots):
         """Book what SGLang admitted of the plan and undo the rest; the pass (if it goes on) steps."""
         if self._planned is None:
             return
-        self._planned = self.next_planned = None
+        num_admitted = self.num_planned_admitted
+        self._close_plan()
         mark = self._moved_mark
-        del self._moved[mark : mark + self._num_admitted]  # SGLang's filter takes the admitted ones out
+        del self._moved[mark : mark + num_admitted]  # SGLang's filter takes the admitted ones out
         num_consults, num_group = self.admission.stats.num_consults, self.admission.stats.num_group_consults
-        admitted = self.admission.settle(self._num_admitted, self._refused)
+        admitted = self.admission.settle(num_admitted, self._refused)
         if self.metrics is not None:
             for each in admitted:
                 self.metrics.admitted(each.delta)
@@ -301,6 +328,10 @@ class FeatherRuntime(QueueSlots):
                 self.metrics.consulted(True)
             for _ in range(stats.num_consults - num_consults - num_new_group):
                 self.metrics.consulted(False)
+
+    def _close_plan(self) -> None:
+        self._planned = self._can_run = self.last_planned = None
+        self.planned_before = {}
 
     def _stop(self, req: Any, proposal: Proposal) -> Any:
         """A STOP (or a deferred pick): skip the request; the pass goes on past it only where the stopper's
@@ -430,7 +461,7 @@ class FeatherRuntime(QueueSlots):
     def _failed(self, where: str, reqs: Sequence[Any]) -> None:
         self.num_errors += 1
         self._fcfs_pass = True
-        self._planned = self.next_planned = None
+        self._close_plan()
         self._needs_rebuild = True
         rids = [getattr(req, "rid", None) for req in reqs]
         logger.exception("Feather failed in %s (requests %s); this pass falls back to FCFS", where, rids)

@@ -88,3 +88,43 @@ def test_the_planned_pass_admits_as_the_step_path(seed):
     assert planned.runtime.num_planned_passes == 50 and steps.runtime.num_planned_passes == 0
     planned.close()
     steps.close()
+
+
+@pytest.mark.parametrize("plans_ahead", [True, False], ids=["planned", "step"])
+def test_a_loop_that_passes_over_requests_loses_none(plans_ahead):
+    """SGLang's loop passes over about one waiting request in eight without asking the adder (a LoRA adapter
+    that cannot load, a storage prefetch still running), planned ones among them. The request it reaches next
+    is proposed as it is and the pass goes on step by step (so the two paths may admit different requests
+    from there), and the admission keeps SGLang's queues exactly: none passed over is admitted in that pass,
+    each admitted once, the tree's waiting and running sets equal to SGLang's."""
+    rng = random.Random(7)
+    side = harness(plans_ahead, tuple(group_prompt(g, 256, 0, salt=g) for g in range(2)))
+    clock = [0.0]
+    side.runtime.admission.clock = lambda: clock[0]
+    admitted_ever: set[str] = set()
+    num_passed_over = 0
+    for step in range(60):
+        clock[0] += rng.choice((0.05, 0.2, 0.6))
+        for i in range(rng.randint(1, 10)):
+            prompt = group_prompt(rng.randrange(6), 256, rng.randint(8, 400), salt=step * 10 + i)
+            side.arrive(make_sglang_req(f"s{step}-{i}", prompt))
+        passes_over = {req.rid for req in side.waiting if rng.random() < 0.125}
+        result = side.prefill_pass(passes_over)
+        admitted = {r.rid for r in result.admitted}
+        assert not admitted & passes_over, f"step {step}: a request the loop passed over was admitted"
+        assert not admitted & admitted_ever, f"step {step}: a request was admitted twice"
+        admitted_ever |= admitted
+        num_passed_over += len(passes_over)
+        side.merge(result.admitted)
+        side.step_end_hook()
+        for req in [req for req in side.running if rng.random() < 0.2]:
+            side.finish(req)
+        tree = side.runtime.admission.tree
+        assert sorted(tree.waiting_ids()) == sorted(req.rid for req in side.waiting), f"step {step}"
+        assert sorted(tree.active_ids()) == sorted(req.rid for req in side.running), f"step {step}"
+        tree.check_invariants()
+    runtime = side.runtime
+    assert len(admitted_ever) > 150 and num_passed_over > 50
+    assert runtime.num_errors == 0 and runtime.num_drift == 0
+    assert runtime.num_planned_passes == (60 if plans_ahead else 0)
+    side.close()
