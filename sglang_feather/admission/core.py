@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from sglang_feather.admission.config import AdmissionConfig, StopScope
-from sglang_feather.admission.costs import Headroom, RunningFootprint, observe
+from sglang_feather.admission.costs import Footprint, Headroom, NoFootprint, RunningFootprint, observe
 from sglang_feather.admission.deferral import InFlightCheck
 from sglang_feather.admission.lifecycle import Lifecycle
 from sglang_feather.admission.plan import PassPlan
@@ -65,7 +65,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         stop_scope: StopScope = StopScope.NEW_GROUPS,
     ):
         self.tree = tree
-        self.stopper = stopper
+        self._stopper = stopper
         self.guard = guard
         self.clock = clock
         self.stats = AdmissionStats()
@@ -80,7 +80,8 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         self._window = RewardWindow(stopper, self.stats, clock)
         self._decided_this_pass = False
         self._aged_this_pass = False
-        self.footprint = RunningFootprint()
+        self.footprint: Footprint = NoFootprint()
+        self.stopper = stopper
         self.stop_scope = stop_scope
         self._groups_closed = False
         """A STOP under the new-groups scope closed this pass to candidates that add a prefix group."""
@@ -102,6 +103,22 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
             cache_events=config.cache_events,
             stop_scope=StopScope(config.stop_scope),
         )
+
+    @property
+    def stopper(self) -> StoppingPolicy:
+        return self._stopper
+
+    @stopper.setter
+    def stopper(self, stopper: StoppingPolicy) -> None:
+        """Hand the admission to `stopper` (between passes), the reward for the decisions still open included;
+        the footprint is kept only for a stopper that looks at observations (counted from the tree when one
+        takes over from a blind one)."""
+        self._stopper = stopper
+        self._window.hand_over(stopper)
+        if stopper.blind_decision is not None:
+            self.footprint = NoFootprint()
+        elif isinstance(self.footprint, NoFootprint):
+            self.footprint = RunningFootprint.recount(self.tree)
 
     # ----------------------------------------------------------------- one scheduling pass
 

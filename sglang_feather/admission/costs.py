@@ -19,7 +19,10 @@ from sglang_feather.types import ChunkHash, RequestId
 # request holds; a request leaving it removes the chunks below the deepest prefix another running request
 # still holds (both found by bisection on the tree's `num_holding`, which never grows with depth). `observe`
 # turns a candidate and these counts into the stopper's `Observation`. The engine reports its KV room as
-# `KvHeadroom` (what it can still give to new requests, over the pool's size), whatever its allocator.
+# `KvHeadroom` (what it can still give to new requests, over the pool's size), whatever its allocator. Only a
+# stopper that looks at its observation reads these counts, so with a blind one (`always`, the default) the
+# admission keeps `NoFootprint` instead, and `RunningFootprint.recount` builds the counts from the tree when a
+# stopper that looks takes over.
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,58 @@ class RunningFootprint:
     def left(self, group: ChunkHash, num_chunks: int) -> None:
         _decrement(self.running, group)
         self.num_running_chunks -= num_chunks
+
+    @classmethod
+    def recount(cls, tree: ChunkedHashTree) -> RunningFootprint:
+        """The footprint of the requests `tree` holds now, counted from scratch (O(their chunks))."""
+        footprint = cls()
+        for request_id in tree.waiting_ids():
+            footprint.waits(tree, request_id)
+        chunks: set[ChunkHash] = set()
+        for request_id in tree.active_ids():
+            group = tree.prefix_hash(request_id)
+            footprint.running[group] = footprint.running.get(group, 0) + 1
+            chunks.update(tree.path_hashes(request_id))
+        footprint.num_running_chunks = len(chunks)
+        return footprint
+
+
+class NoFootprint:
+    """The footprint of an admission whose stopper never looks at an observation: it keeps nothing, so the
+    lifecycle's events cost no tree queries for it (`RunningFootprint.recount` when a seeing stopper takes
+    over)."""
+
+    def reset(self) -> None:
+        return None
+
+    def waits(self, tree: ChunkedHashTree, request_id: RequestId) -> None:
+        return None
+
+    def stops_waiting(self, tree: ChunkedHashTree, request_id: RequestId) -> None:
+        return None
+
+    def joining(
+        self, tree: ChunkedHashTree, request_id: RequestId, depth_hint: int | None = None
+    ) -> tuple[ChunkHash, int]:
+        return _NO_CHANGE
+
+    def joined(self, group: ChunkHash, num_chunks: int) -> None:
+        return None
+
+    def joined_all(self, groups: list[ChunkHash], num_chunks: int) -> None:
+        return None
+
+    def leaving(self, tree: ChunkedHashTree, request_id: RequestId) -> tuple[ChunkHash, int]:
+        return _NO_CHANGE
+
+    def left(self, group: ChunkHash, num_chunks: int) -> None:
+        return None
+
+
+_NO_CHANGE = (ChunkHash(0), 0)
+
+Footprint = RunningFootprint | NoFootprint
+"""What the admission keeps of the batch's footprint: the counts for a stopper that looks, else nothing."""
 
 
 def _decrement(counts: dict[ChunkHash, int], key: ChunkHash) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from sglang_feather.admission.costs import RunningFootprint
+from sglang_feather.admission.costs import Footprint
 from sglang_feather.admission.deferral import InFlightCheck
 from sglang_feather.admission.results import AdmissionStats
 from sglang_feather.cht import ChunkedHashTree, RequestState
@@ -23,7 +23,7 @@ class Lifecycle:
     tree: ChunkedHashTree
     clock: Callable[[], float]
     stats: AdmissionStats
-    footprint: RunningFootprint
+    footprint: Footprint
     _arrivals: dict[RequestId, float]
     _skipped: list[RequestId]
     _in_flight: InFlightCheck

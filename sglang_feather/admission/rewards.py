@@ -34,6 +34,10 @@ class RewardWindow:
     def num_records(self) -> int:
         return len(self._records)
 
+    def hand_over(self, stopper: StoppingPolicy) -> None:
+        """`stopper` decides and is rewarded from now on, for the decisions still open too."""
+        self.stopper = stopper
+
     def record(self, record: DecisionRecord) -> None:
         """A stopper decision awaiting this window's reward."""
         self._records.append(record)

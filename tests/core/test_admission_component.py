@@ -296,7 +296,9 @@ def test_the_blind_stopper_path_admits_and_counts_as_the_seeing_one(seed):
     blind, _ = make()
     seeing, _ = make()
     assert blind.stopper.blind_decision is Decision.ADD
-    seeing.stopper.blind_decision = None  # the same `always`, shown every observation
+    shown = seeing.stopper
+    shown.blind_decision = None  # the same `always`, shown every observation
+    seeing.stopper = shown  # handed over again: a stopper that looks gets a footprint
     seen = []
     decide = seeing.stopper.decide
     seeing.stopper.decide = lambda obs: seen.append(obs) or decide(obs)

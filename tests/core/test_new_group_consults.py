@@ -5,8 +5,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sglang_feather.admission import Admission, AdmissionConfig, KvHeadroom, StopReason
+from sglang_feather.admission.costs import NoFootprint
 from sglang_feather.cht import RequestState
-from sglang_feather.policy import Decision, Observation
+from sglang_feather.policy import Decision, Observation, make_policy
 from sglang_feather.policy.base import PolicyBase
 from sglang_feather.sim.engine import SimClock
 
@@ -35,7 +36,6 @@ def make(stopper=None, scope="new-groups", **kw):
     adm = Admission.from_config(AdmissionConfig(chunk_size=4, stop_scope=scope, **kw), clock=clock)
     if stopper is not None:
         adm.stopper = stopper
-        adm._window.stopper = stopper
     return adm, clock
 
 
@@ -124,7 +124,8 @@ class FootprintMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.adm, _ = make(scope="pass", defer_uncached_prefix=False)
+        self.adm, _ = make(Recorder(stop_new_groups=False), scope="pass", defer_uncached_prefix=False)
+        self.seeing = self.adm.stopper
         self.n = 0
 
     def ids(self, state):
@@ -176,9 +177,17 @@ class FootprintMachine(RuleBasedStateMachine):
         else:
             self.adm.abort(rid)
 
+    @rule(blind=st.booleans())
+    def hand_over(self, blind):
+        """Another stopper takes over: a blind one keeps no footprint, one that looks gets it recounted."""
+        self.adm.stopper = make_policy("always") if blind else self.seeing
+
     @invariant()
     def footprint_matches_a_recount(self):
         tree, fp = self.adm.tree, self.adm.footprint
+        if self.adm.stopper.blind_decision is not None:
+            assert isinstance(fp, NoFootprint)
+            return
         active = self.ids(RequestState.ACTIVE)
         groups = {}
         for rid in active:

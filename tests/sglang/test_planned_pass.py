@@ -36,7 +36,7 @@ def snapshot(side: AdapterHarness) -> tuple:
         sorted(tree.active_ids()),
         stats,
         (admission.guard.due_wait_s, admission.guard.lead_s),
-        admission.footprint.num_running_chunks,
+        type(admission.footprint).__name__,
         (runtime.num_drift, runtime.num_errors, runtime.num_scans),
     )
 
