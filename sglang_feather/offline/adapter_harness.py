@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
 from array import array
+from collections.abc import Collection
 from dataclasses import dataclass
 from types import SimpleNamespace
 

@@ -258,7 +258,7 @@ class FeatherRuntime(QueueSlots):
         planned = self._planned
         reqs = self._place(picks, len(planned))
         if reqs:
-            self.planned_before.update(zip(reqs, [self.last_planned, *reqs[:-1]]))
+            self.planned_before.update(zip(reqs, [self.last_planned, *reqs[:-1]], strict=True))
             self.last_planned = reqs[-1]
         planned += reqs
 
