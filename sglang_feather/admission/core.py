@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from itertools import compress
 from collections.abc import Callable, Mapping
 
 from sglang_feather.admission.config import AdmissionConfig, StopScope
@@ -416,7 +417,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         served waits fed in runs (its state depends only on the waits it kept and the aged admissions)."""
         if not num_admitted:
             return
-        stats, footprint, guard = self.stats, self.footprint, self.guard
+        stats, guard = self.stats, self.guard
         waits = plan.waits[:num_admitted]
         aged = plan.aged_index if plan.aged_index is not None and plan.aged_index < num_admitted else None
         if aged is None:
@@ -431,15 +432,19 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         num_decided = num_admitted - (aged is not None)  # picks the stopper decided on: all but the aged one
         if num_decided:
             self._roll_window_once()
-        size, sum_delta, num_new_chunks = plan.batch_size, 0, 0
-        for i, candidate in enumerate(admitted):
-            delta = candidate.delta
-            sum_delta += delta
-            num_new_chunks += candidate.num_chunks - candidate.depth_running
-            if i != aged:
-                self._count_consult(size + i, candidate.adds_group, delta)
-        stats.sum_delta += sum_delta
-        footprint.joined_all(plan.groups[:num_admitted], num_new_chunks)
+        # `_count_consult` for each decided pick, in list passes: pick i joins a batch of `batch_size + i`,
+        # and `is_forced_case` is a batch of none, or no new group and no depth lost.
+        deltas = [candidate.depth_before - candidate.depth_after for candidate in admitted]
+        adds_group = [candidate.depth_running == 0 for candidate in admitted]
+        consulted = [new or delta != 0 for new, delta in zip(adds_group, deltas, strict=True)]
+        if plan.batch_size == 0:
+            consulted[0] = False
+        if aged is not None:
+            consulted[aged] = False
+        stats.num_consults += sum(consulted)
+        stats.num_group_consults += sum(compress(adds_group, consulted))
+        stats.sum_delta += sum(deltas)
+        # A planned pass has a blind stopper, whose admission keeps no footprint (`NoFootprint`).
         stats.num_admitted += num_admitted
         self._in_flight.admitted_all([candidate.request_id for candidate in admitted])
 
