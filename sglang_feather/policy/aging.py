@@ -108,10 +108,9 @@ class AgingGuard:
     def served_all(self, waits_s: list[float]) -> None:
         """`served` for each wait, in order (the due wait is worked out once)."""
         if self.when_overtaken and waits_s:
-            if len(waits_s) < LEAD_WINDOW:
-                for wait_s in waits_s:
-                    self._keep(wait_s)
-            else:
+            if len(waits_s) == 1:
+                self._keep(waits_s[0])
+            else:  # sorting the window once beats a bisection and a removal per wait
                 self._recent.extend(waits_s)
                 self._ordered = sorted(self._recent)
             self._num_since_overtaken += len(waits_s)

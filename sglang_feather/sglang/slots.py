@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable
+from itertools import filterfalse
 from typing import Any
 
 from sglang_feather.admission import Admission, Pick
@@ -67,8 +68,7 @@ class QueueSlots:
         if queue is None:
             return reqs
         if len(reqs) * REBUILD_RATIO > len(queue) - slot:  # one C-speed rebuild beats a move per pick
-            ids = set(map(id, reqs))
-            rest = [req for req in queue[slot:] if id(req) not in ids]
+            rest = list(filterfalse(set(reqs).__contains__, queue[slot:]))  # a `Req` hashes by identity
             if len(rest) + len(reqs) != len(queue) - slot:
                 raise LookupError("a planned request is not in the waiting queue after the slot")
             queue[slot:] = reqs + rest
