@@ -16,6 +16,7 @@ from sglang_feather.admission.results import AdmissionPlan, AdmissionStats, Pick
 from sglang_feather.admission.rewards import LearningHooks, RewardWindow
 from sglang_feather.admission.views import TreeViews
 from sglang_feather.cht import Candidate, ChunkedHashTree
+from sglang_feather.cht.checks import checked_max_missing
 from sglang_feather.policy import AgingGuard, make_policy
 from sglang_feather.policy.base import Decision, DecisionRecord, StoppingPolicy
 from sglang_feather.policy.context import is_forced_case
@@ -312,26 +313,30 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         the in-flight check asks the engine nothing (it reads the cache tier, or is off)."""
         return self.stopper.blind_decision is Decision.ADD and not self._in_flight.needs_engine
 
-    def plan_ahead(self, batch_size: int, max_picks: int) -> list[Candidate]:
+    def plan_ahead(self, batch_size: int, max_picks: int, max_missing: int | None = None) -> list[Candidate]:
         """Up to `max_picks` more picks of this pass, each taken as `next_pick` takes it once the picks before
         it were accepted (each is activated in the tree before the next is taken; the last when the plan goes
         on, or at `settle`); `batch_size` is what runs when the pass began (read on the pass's first call).
-        Empty when nothing (not skipped) is left. Needs `can_plan`; `settle` ends it."""
+        With `max_missing` (>= 1; the engine's prefill budget in chunks), the pick whose missing chunks bring
+        this call's sum to it is the last. Empty when nothing (not skipped) is left. Needs `can_plan`;
+        `settle` ends it."""
         if not self.can_plan:
             raise ValueError("plan_ahead needs a stopper that adds without looking and no engine-asked check")
         plan = self._plan
         if plan is None:
             plan = self._plan = PassPlan(self._aged_this_pass, batch_size)
-        first = len(plan)
-        while len(plan) - first < max_picks and not plan.is_exhausted:
+        first, missing_left = len(plan), checked_max_missing(max_missing)
+        while len(plan) - first < max_picks and missing_left > 0 and not plan.is_exhausted:
             if plan.num_activated < len(plan):
                 self.tree.activate(plan.candidates[-1].request_id)
                 plan.num_activated += 1
+            mark = len(plan)
             num_unguarded = self._num_unguarded(plan, max_picks - (len(plan) - first))
             if num_unguarded:
-                self._take_unguarded(plan, num_unguarded)
+                self._take_unguarded(plan, num_unguarded, missing_left)
             else:
                 self._take_one(plan)
+            missing_left -= sum(candidate.num_missing for candidate in plan.candidates[mark:])
         return plan.candidates[first:]
 
     def _num_unguarded(self, plan: PassPlan, limit: int) -> int:
@@ -343,11 +348,12 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
             return 0
         return plan.guard_now(self.guard).num_not_due(self.wait_s(oldest), limit)
 
-    def _take_unguarded(self, plan: PassPlan, num_picks: int) -> None:
-        """`num_picks` picks of the ranking in one call of the tree (no due check can touch them)."""
+    def _take_unguarded(self, plan: PassPlan, num_picks: int, max_missing: int) -> None:
+        """Up to `num_picks` picks of the ranking in one call of the tree (no due check can touch them), the
+        last the one whose missing chunks bring their sum to `max_missing`."""
         if self._groups_closed:
             raise RuntimeError("a planned pass was closed to new prefix groups (only a STOP closes one)")
-        taken = self.tree.take_picks(num_picks, self._in_flight.enabled)
+        taken = self.tree.take_picks(num_picks, self._in_flight.enabled, max_missing)
         num_skipped = len(plan.skipped)
         plan.skipped += taken.skipped
         plan.skip_ends += [num_skipped + end for end in taken.skip_ends]

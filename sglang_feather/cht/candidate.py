@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -47,8 +48,8 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class TakenPicks:
-    """`take_picks(max_picks, skip_running_uncached)`: the picks in order, each activated before the next was
-    taken (all but the last, unless nothing was left after it), and the requests skipped on the way."""
+    """`take_picks(max_picks, skip_running_uncached, max_missing)`: the picks in order, each activated before the
+    next was taken (all but the last, unless nothing was left after it), and the requests skipped on the way."""
 
     candidates: list[Candidate]
     groups: list[ChunkHash]
@@ -68,14 +69,19 @@ class _Steps(Protocol):
     def prefix_hash(self, request_id: RequestId) -> ChunkHash: ...
 
 
-def take_picks_stepwise(tree: _Steps, max_picks: int, skip_running_uncached: bool) -> TakenPicks:
+def take_picks_stepwise(
+    tree: _Steps, max_picks: int, skip_running_uncached: bool, max_missing: int = sys.maxsize
+) -> TakenPicks:
     """What `take_picks` does, one `best` / `suspend` / `activate` at a time (the Python core and the reference
     model run this; the compiled core is held to it)."""
     picks: list[Candidate] = []
     groups: list[ChunkHash] = []
     skipped: list[RequestId] = []
     ends: list[int] = []
+    num_missing = 0
     for i in range(max_picks):
+        if num_missing >= max_missing:
+            break
         if i:
             tree.activate(picks[-1].request_id)
         candidate = tree.best()
@@ -88,4 +94,5 @@ def take_picks_stepwise(tree: _Steps, max_picks: int, skip_running_uncached: boo
         picks.append(candidate)
         groups.append(tree.prefix_hash(candidate.request_id))
         ends.append(len(skipped))
+        num_missing += candidate.num_missing
     return TakenPicks(picks, groups, skipped, ends, False)

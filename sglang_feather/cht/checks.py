@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import sys
 from array import array
 from collections.abc import Sequence
 
@@ -70,6 +71,17 @@ def checked_arrival(request_id: RequestId, arrival: float | None) -> float | Non
         raise InvalidArrival(f"request {request_id!r} has arrival {arrival!r}, not a number") from None
     if value != value:
         raise InvalidArrival(f"request {request_id!r} has arrival NaN")
+    return value
+
+
+def checked_max_missing(max_missing: int | None) -> int:
+    """`take_picks`'s `max_missing` as an int >= 1, `sys.maxsize` for None (no limit); `TypeError` for a
+    non-integer, `ValueError` below 1."""
+    if max_missing is None:
+        return sys.maxsize
+    value = _integer("max_missing", max_missing, TypeError)
+    if value < 1:
+        raise ValueError(f"max_missing must be >= 1, got {value}")
     return value
 
 

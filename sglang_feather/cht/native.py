@@ -14,6 +14,7 @@ from sglang_feather.cht.checks import (
     checked_chunk_size,
     checked_count,
     checked_depth,
+    checked_max_missing,
     checked_share_depth,
 )
 from sglang_feather.cht.errors import (
@@ -117,9 +118,15 @@ class NativeTree(_core.Core):
             return False
         return self._shares_prefix(handle, other, depth)
 
-    def take_picks(self, max_picks: int, skip_running_uncached: bool) -> TakenPicks:
+    def take_picks(
+        self, max_picks: int, skip_running_uncached: bool, max_missing: int | None = None
+    ) -> TakenPicks:
         return TakenPicks(
-            *self._take_picks(checked_count("max_picks", max_picks), bool(skip_running_uncached))
+            *self._take_picks(
+                checked_count("max_picks", max_picks),
+                bool(skip_running_uncached),
+                checked_max_missing(max_missing),
+            )
         )
 
     def oldest(self) -> RequestId | None:

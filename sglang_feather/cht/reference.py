@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 from sglang_feather.cht.candidate import TakenPicks, take_picks_stepwise
@@ -185,8 +186,12 @@ class ReferenceTree:
             rid = min(eligible, key=lambda r: self.order[r])
         return self.describe(rid)
 
-    def take_picks(self, max_picks: int, skip_running_uncached: bool) -> TakenPicks:
-        return take_picks_stepwise(self, max_picks, skip_running_uncached)
+    def take_picks(
+        self, max_picks: int, skip_running_uncached: bool, max_missing: int | None = None
+    ) -> TakenPicks:
+        return take_picks_stepwise(
+            self, max_picks, skip_running_uncached, sys.maxsize if max_missing is None else max_missing
+        )
 
     def prefix_hash(self, rid: RequestId) -> ChunkHash:
         return self.hashes[rid][0]

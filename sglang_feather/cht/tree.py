@@ -16,6 +16,7 @@ from sglang_feather.cht.checks import (
     checked_arrival,
     checked_chunk_size,
     checked_count,
+    checked_max_missing,
     checked_depth,
     checked_hashes,
     checked_share_depth,
@@ -171,12 +172,20 @@ class PythonTree(Ranking, CacheTier, Paths):
             self._best_valid = True
         return self._best_cache
 
-    def take_picks(self, max_picks: int, skip_running_uncached: bool) -> TakenPicks:
+    def take_picks(
+        self, max_picks: int, skip_running_uncached: bool, max_missing: int | None = None
+    ) -> TakenPicks:
         """Up to `max_picks` picks of `best()`, each activated before the next is taken (the last one only when
         nothing is left after it); with `skip_running_uncached`, a best whose prefix runs uncached
-        (`Candidate.runs_uncached`) is suspended and passed over. What a pass planned ahead takes while no
-        request can fall due, in one call."""
-        return take_picks_stepwise(self, checked_count("max_picks", max_picks), skip_running_uncached)
+        (`Candidate.runs_uncached`) is suspended and passed over; with `max_missing` (>= 1), the pick whose
+        `num_missing` brings the picks' sum to it is the last (what an engine's prefill budget admits, in
+        chunks). What a pass planned ahead takes while no request can fall due, in one call."""
+        return take_picks_stepwise(
+            self,
+            checked_count("max_picks", max_picks),
+            skip_running_uncached,
+            checked_max_missing(max_missing),
+        )
 
     def candidate(self, request_id: RequestId) -> Candidate:
         """`best()`'s numbers for a given waiting request (e.g. one the aging guard admits)."""

@@ -88,6 +88,8 @@ class AdapterHarness:
             chunked_req=None,
             running_batch=ScheduleBatch(reqs=[], batch_is_full=False),
             metrics_collector_context=None,
+            max_prefill_tokens=self.max_prefill_tokens,
+            chunked_prefill_size=None,  # the adder below runs with no chunked prefill
         )
         if self.is_feather:
             attach(server_args, options or FeatherOptions())

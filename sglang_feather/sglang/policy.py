@@ -44,9 +44,11 @@ class FeatherSchedulePolicy(_sglang_policy.SchedulePolicy):
         clock: Callable[[], float] = time.monotonic,
         state_tag: Mapping[str, str] | None = None,
         publish_events: bool = False,
+        prefill_budget_tokens: int | None = None,
     ) -> None:
         """Replace the default runtime with one built from the server's options (scheduler startup);
-        `publish_events`: SGLang's own KV-event publisher also drains the tree cache's events."""
+        `publish_events`: SGLang's own KV-event publisher also drains the tree cache's events;
+        `prefill_budget_tokens`: what one prefill batch may compute (`FeatherRuntime`)."""
         if self.feather is None:
             raise ValueError(f"configure() needs schedule policy {FEATHER!r}")
         self.feather.close()
@@ -57,6 +59,7 @@ class FeatherSchedulePolicy(_sglang_policy.SchedulePolicy):
             tree_cache=self.tree_cache,
             state_tag=state_tag,
             publish_events=publish_events,
+            prefill_budget_tokens=prefill_budget_tokens,
         )
         self._adder_classes.clear()
 

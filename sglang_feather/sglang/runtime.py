@@ -70,7 +70,10 @@ class FeatherRuntime(QueueSlots):
         tree_cache: Any = None,
         state_tag: Mapping[str, str] | None = None,
         publish_events: bool = False,
+        prefill_budget_tokens: int | None = None,
     ) -> None:
+        """`prefill_budget_tokens`: the prompt tokens one prefill batch may compute (the server's
+        `--max-prefill-tokens`, or `--chunked-prefill-size` where smaller); it sizes planned blocks."""
         self.options = options
         self.metrics = metrics
         self.clock = clock
@@ -118,6 +121,13 @@ class FeatherRuntime(QueueSlots):
         """Where this plan's placed requests start in `_moved` (its admitted ones leave it at settle)."""
         self._refused = False
         self._block = 1
+        self._block_missing: int | None = None
+        """The planned block's budget of missing chunks (None: no budget known, the block's size alone)."""
+        self._budget_chunks = (
+            None
+            if prefill_budget_tokens is None or prefill_budget_tokens <= 0
+            else -(-prefill_budget_tokens // self.config.chunk_size)
+        )
         self._last_num_admitted = 0
         """Requests the last pass admitted: the next pass plans one more at first."""
         self._admitted_before = 0
@@ -247,13 +257,19 @@ class FeatherRuntime(QueueSlots):
         self._planned, self._planned_picks = [], []
         self._moved_mark = len(self._moved)
         self._refused = False
-        self._block = self._last_num_admitted + 1
+        if self._budget_chunks is None:
+            self._block = self._last_num_admitted + 1
+        else:  # the budget ends the block; twice the last pass's admissions bound it where picks are cheap
+            self._block = 2 * (self._last_num_admitted + 1)
+        self._block_missing = self._budget_chunks
         self._plan_block(batch_size)
 
     def _plan_block(self, batch_size: int) -> None:
         """Plan the next block and move its requests into the slots SGLang's loop reaches next."""
-        picks = self.admission.plan_ahead(batch_size, self._block)
+        picks = self.admission.plan_ahead(batch_size, self._block, self._block_missing)
         self._block *= 2
+        if self._block_missing is not None:
+            self._block_missing *= 2
         self._planned_picks += picks
         planned = self._planned
         reqs = self._place(picks, len(planned))

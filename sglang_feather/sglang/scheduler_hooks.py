@@ -18,6 +18,14 @@ def _runtime(scheduler: Any):
     return getattr(getattr(scheduler, "policy", None), "feather", None)
 
 
+def prefill_budget_tokens(scheduler: Any) -> int | None:
+    """The prompt tokens one prefill batch may compute: `max_prefill_tokens`, or `chunked_prefill_size` where
+    chunked prefill is on and that is smaller; None where the scheduler says neither."""
+    limits = [getattr(scheduler, name, None) for name in ("max_prefill_tokens", "chunked_prefill_size")]
+    limits = [limit for limit in limits if isinstance(limit, int) and limit > 0]
+    return min(limits) if limits else None
+
+
 def on_policy_created(scheduler: Any) -> None:
     """After `Scheduler.init_schedule_policy`: give the policy the server's options and Feather's metrics."""
     if _runtime(scheduler) is None:
@@ -32,7 +40,13 @@ def on_policy_created(scheduler: Any) -> None:
     tag = rank_tag(state_tag(scheduler.server_args, getattr(scheduler, "gpu_id", 0)), dp_size, rank)
     publisher = getattr(scheduler, "kv_events_publisher", None)
     publish = bool(getattr(publisher, "enable_kv_cache_events", False))
-    scheduler.policy.configure(options, metrics, state_tag=tag, publish_events=publish)
+    scheduler.policy.configure(
+        options,
+        metrics,
+        state_tag=tag,
+        publish_events=publish,
+        prefill_budget_tokens=prefill_budget_tokens(scheduler),
+    )
     config = scheduler.policy.feather.config
     logger.info(
         "Feather scheduling%s: %s (page size %d, deferral %s, cache tier %s, metrics %s)",

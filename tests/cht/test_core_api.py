@@ -339,10 +339,30 @@ def test_take_picks_activates_all_but_the_last_and_skips_prefixes_that_run_uncac
     assert tree.take_picks(3, skip_running_uncached=False) == TakenPicks([], [], [], [], True)
 
 
-@pytest.mark.parametrize(("max_picks", "error"), [(-1, ValueError), (1.5, TypeError), ("2", TypeError)])
-def test_take_picks_refuses_a_bad_count_and_changes_nothing(tree_cls, max_picks, error):
+def test_take_picks_ends_at_the_pick_that_reaches_max_missing(tree_cls):
+    tree = tree_cls(chunk_size=2)
+    for rid, prompt in (("a", [1, 1, 2]), ("b", [3, 3, 4, 4, 5]), ("c", [6, 6, 7])):
+        tree.insert(rid, prompt)  # missing chunks: a 2, b 3, c 2 (nothing runs or is cached)
+    taken = tree.take_picks(3, skip_running_uncached=False, max_missing=4)
+    assert [c.request_id for c in taken.candidates] == ["a", "b"] and not taken.is_exhausted
+    assert [c.num_missing for c in taken.candidates] == [2, 3], "2 + 3 reaches 4: b is the last pick"
+    assert tree.state("a") is RequestState.ACTIVE and tree.state("b") is RequestState.WAITING
+    assert [c.request_id for c in tree.take_picks(3, False, max_missing=1).candidates] == ["b"]
+
+
+@pytest.mark.parametrize(
+    ("max_picks", "max_missing", "error", "name"),
+    [
+        (-1, None, ValueError, "max_picks"),
+        (1.5, None, TypeError, "max_picks"),
+        ("2", None, TypeError, "max_picks"),
+        (2, 0, ValueError, "max_missing"),
+        (2, 1.5, TypeError, "max_missing"),
+    ],
+)
+def test_take_picks_refuses_a_bad_count_and_changes_nothing(tree_cls, max_picks, max_missing, error, name):
     tree = tree_cls(chunk_size=2)
     tree.insert("a", [1, 2, 3])
-    with pytest.raises(error, match="max_picks"):
-        tree.take_picks(max_picks, skip_running_uncached=False)
+    with pytest.raises(error, match=name):
+        tree.take_picks(max_picks, skip_running_uncached=False, max_missing=max_missing)
     assert tree.state("a") is RequestState.WAITING and tree.best().request_id == "a"

@@ -172,10 +172,14 @@ class TreeVsReference(RuleBasedStateMachine):
         self.tree.remove(rid)
         self.ref.remove(rid)
 
-    @rule(max_picks=st.integers(0, 4), skip=st.booleans())
-    def take_picks(self, max_picks, skip):
+    @rule(max_picks=st.integers(0, 4), skip=st.booleans(), max_missing=st.none() | st.integers(1, 12))
+    def take_picks(self, max_picks, skip, max_missing):
         """A planned pass's block of picks: the same as best / suspend / activate one at a time."""
-        assert self.tree.take_picks(max_picks, skip) == self.ref.take_picks(max_picks, skip)
+        taken = self.tree.take_picks(max_picks, skip, max_missing)
+        assert taken == self.ref.take_picks(max_picks, skip, max_missing)
+        missing = [c.num_missing for c in taken.candidates]
+        if max_missing is not None:
+            assert sum(missing[:-1]) < max_missing, "the pick that reaches max_missing is the last"
 
     @rule()
     def best(self):

@@ -39,14 +39,24 @@ def step_by_step(adm: Admission, batch_size: int, limit: int, reaches_refusal: b
     return admitted
 
 
-def planned(adm: Admission, batch_size: int, limit: int, reaches_refusal: bool, first_block: int) -> list:
-    """The same engine loop over a plan taken in blocks that double whenever the loop reaches the end."""
+def planned(
+    adm: Admission,
+    batch_size: int,
+    limit: int,
+    reaches_refusal: bool,
+    first_block: int,
+    block_missing: int | None = None,
+) -> list:
+    """The same engine loop over a plan taken in blocks that double whenever the loop reaches the end (and
+    with `block_missing`, end at the pick that brings their missing chunks to it, a budget that doubles too)."""
     adm.begin_pass()
     picks, block, num_admitted, refused = [], first_block, 0, False
     while True:
         if num_admitted == len(picks):
-            taken = adm.plan_ahead(batch_size, block)
+            taken = adm.plan_ahead(batch_size, block, block_missing)
             block *= 2
+            if block_missing is not None:
+                block_missing *= 2
             if not taken:
                 break
             picks += taken
@@ -85,8 +95,8 @@ def test_a_planned_pass_admits_and_counts_as_the_step_path(seed):
     num_taken = []  # picks the plan took in one call of the tree (no due check could touch them)
     take_picks = plans.tree.take_picks
 
-    def counted_take_picks(max_picks, skip_running_uncached):
-        taken = take_picks(max_picks, skip_running_uncached)
+    def counted_take_picks(max_picks, skip_running_uncached, max_missing=None):
+        taken = take_picks(max_picks, skip_running_uncached, max_missing)
         num_taken.append(len(taken.candidates))
         return taken
 
@@ -115,7 +125,8 @@ def test_a_planned_pass_admits_and_counts_as_the_step_path(seed):
         limit, reaches = rng.randrange(0, 7), rng.random() < 0.5
         before = steps.stats.num_aged
         admitted = step_by_step(steps, len(running), limit, reaches)
-        assert planned(plans, len(running), limit, reaches, rng.choice((1, 2, 8))) == admitted
+        block_missing = rng.choice((None, 1, 3, 10))
+        assert planned(plans, len(running), limit, reaches, rng.choice((1, 2, 8)), block_missing) == admitted
         num_due += steps.stats.num_aged > before
         num_refused += reaches and len(admitted) == limit
         running += admitted

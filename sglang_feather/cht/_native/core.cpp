@@ -1004,13 +1004,16 @@ class Core {
         return best_cache_;
     }
 
-    // take_picks(max_picks, skip_running_uncached) -> (candidates, groups, skipped, skip_ends, is_exhausted):
-    // the Python core's loop of best / suspend / activate (tree.py), with no Python frame per pick.
-    nb::tuple take_picks(int64_t max_picks, bool skip_running_uncached) {
+    // take_picks(max_picks, skip_running_uncached, max_missing) -> (candidates, groups, skipped, skip_ends,
+    // is_exhausted): the Python core's loop of best / suspend / activate (tree.py), with no Python frame per
+    // pick; it also ends at the pick whose missing chunks bring the picks' sum to `max_missing`.
+    nb::tuple take_picks(int64_t max_picks, bool skip_running_uncached, int64_t max_missing) {
         if (max_picks < 0) throw nb::value_error("max_picks must be >= 0");
+        if (max_missing < 1) throw nb::value_error("max_missing must be >= 1");
         nb::list picks, groups, skipped, ends;
         uint32_t last = NIL;
-        for (int64_t i = 0; i < max_picks; ++i) {
+        int64_t num_missing = 0;
+        for (int64_t i = 0; i < max_picks && num_missing < max_missing; ++i) {
             if (last != NIL) activate(last);
             best();
             // best_values_: num_chunks, num_missing, depth_running, depth_cached, ... (Candidate.runs_uncached)
@@ -1026,6 +1029,7 @@ class Core {
             picks.append(best_cache_);
             groups.append(nb::steal(PyLong_FromUnsignedLongLong(chunk_hash(reqs_[last].path, 0))));
             ends.append(nb::steal(PyLong_FromSsize_t(PyList_GET_SIZE(skipped.ptr()))));
+            num_missing += best_values_[1];
         }
         return nb::make_tuple(picks, groups, skipped, ends, false);
     }
