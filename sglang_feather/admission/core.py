@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from itertools import compress
 from collections.abc import Callable, Mapping
+from itertools import compress
 
 from sglang_feather.admission.config import AdmissionConfig, StopScope
 from sglang_feather.admission.costs import Footprint, Headroom, NoFootprint, RunningFootprint, observe

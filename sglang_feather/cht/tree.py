@@ -16,9 +16,9 @@ from sglang_feather.cht.checks import (
     checked_arrival,
     checked_chunk_size,
     checked_count,
-    checked_max_missing,
     checked_depth,
     checked_hashes,
+    checked_max_missing,
     checked_share_depth,
 )
 from sglang_feather.cht.errors import DuplicateRequest, EmptyPrompt, InvalidTransition
