@@ -330,12 +330,12 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
             if plan.num_activated < len(plan):
                 self.tree.activate(plan.candidates[-1].request_id)
                 plan.num_activated += 1
-            mark = len(plan)
-            num_unguarded = self._num_unguarded(plan, max_picks - (len(plan) - first))
+            mark, num_picks = len(plan), max_picks - (len(plan) - first)
+            num_unguarded = self._num_unguarded(plan, num_picks)
             if num_unguarded:
-                self._take_unguarded(plan, num_unguarded, missing_left)
+                self._take(plan, num_unguarded, missing_left)
             else:
-                self._take_one(plan)
+                self._take_guarded(plan, num_picks, missing_left)
             missing_left -= sum(candidate.num_missing for candidate in plan.candidates[mark:])
         return plan.candidates[first:]
 
@@ -348,46 +348,48 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
             return 0
         return plan.guard_now(self.guard).num_not_due(self.wait_s(oldest), limit)
 
-    def _take_unguarded(self, plan: PassPlan, num_picks: int, max_missing: int) -> None:
-        """Up to `num_picks` picks of the ranking in one call of the tree (no due check can touch them), the
-        last the one whose missing chunks bring their sum to `max_missing`."""
+    def _take(self, plan: PassPlan, num_picks: int, max_missing: int, due: RequestId | None = None) -> None:
+        """Up to `num_picks` picks in one call of the tree, the last the one whose missing chunks bring their
+        sum to `max_missing`: the ranking's (no due check can touch them), after `due` (the guard's, which
+        then makes every other pick of the pass unguarded) unless it is in flight, when it alone is skipped."""
         if self._groups_closed:
             raise RuntimeError("a planned pass was closed to new prefix groups (only a STOP closes one)")
-        taken = self.tree.take_picks(num_picks, self._in_flight.enabled, max_missing)
+        taken = self.tree.take_picks(num_picks, self._in_flight.enabled, max_missing, due)
         num_skipped = len(plan.skipped)
         plan.skipped += taken.skipped
         plan.skip_ends += [num_skipped + end for end in taken.skip_ends]
         self._skipped += taken.skipped
         self.stats.num_deferred += len(taken.skipped)
         candidates = taken.candidates
+        now, arrivals = self.clock(), self._arrivals
+        waits = [now - arrivals[candidate.request_id] for candidate in candidates]
+        if due is not None and candidates:
+            plan.guard_copy(self.guard).admitted(waits[0])
+            plan.aged_index = len(plan)
+            plan.is_aged = True
         plan.candidates += candidates
         plan.groups += taken.groups
-        now, arrivals = self.clock(), self._arrivals
-        plan.served([now - arrivals[candidate.request_id] for candidate in candidates])
+        plan.served(waits)
         if taken.is_exhausted:
             plan.num_activated = len(plan)
             plan.is_exhausted = True
         elif candidates:
             plan.num_activated = len(plan) - 1
 
-    def _take_one(self, plan: PassPlan) -> None:
-        """One pick as `next_pick` takes it, due checks included, with the plan's copy of the guard."""
-        mark = len(self._skipped)
-        pick = self._next_pick(plan.guard_now(self.guard), plan.is_aged, None)
-        plan.skipped += self._skipped[mark:]
-        if pick is None:
+    def _take_guarded(self, plan: PassPlan, num_picks: int, max_missing: int) -> None:
+        """The next picks as `next_pick` takes them, with the plan's copy of the guard: the due request and the
+        ranking's picks after it, or (nothing due, or the due one in flight and skipped) one ranking pick."""
+        oldest = self.tree.oldest()
+        if oldest is None:
             plan.is_exhausted = True
             return
-        candidate = pick.candidate
-        wait_s = self.wait_s(candidate.request_id)
-        if pick.is_aged:
-            plan.guard_copy(self.guard).admitted(wait_s)
-            plan.aged_index = len(plan)
-            plan.is_aged = True
-        plan.candidates.append(candidate)
-        plan.groups.append(self.tree.prefix_hash(candidate.request_id))
-        plan.skip_ends.append(len(plan.skipped))
-        plan.served([wait_s])
+        guard = plan.guard_now(self.guard)
+        if self._is_due(oldest, guard, plan.is_aged):
+            mark = len(plan)
+            self._take(plan, num_picks, max_missing, self._due_request(oldest, guard, plan.is_aged))
+            if len(plan) > mark:
+                return
+        self._take(plan, 1, max_missing)
 
     @property
     def num_planned(self) -> int:

@@ -48,8 +48,9 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class TakenPicks:
-    """`take_picks(max_picks, skip_running_uncached, max_missing)`: the picks in order, each activated before the
-    next was taken (all but the last, unless nothing was left after it), and the requests skipped on the way."""
+    """`take_picks(max_picks, skip_running_uncached, max_missing, first)`: the picks in order, each activated
+    before the next was taken (all but the last, unless nothing was left after it), and the requests skipped
+    on the way."""
 
     candidates: list[Candidate]
     groups: list[ChunkHash]
@@ -64,22 +65,40 @@ class TakenPicks:
 
 class _Steps(Protocol):
     def best(self) -> Candidate | None: ...
+    def candidate(self, request_id: RequestId) -> Candidate: ...
+    def is_suspended(self, request_id: RequestId) -> bool: ...
     def suspend(self, request_id: RequestId) -> None: ...
     def activate(self, request_id: RequestId) -> None: ...
     def prefix_hash(self, request_id: RequestId) -> ChunkHash: ...
 
 
 def take_picks_stepwise(
-    tree: _Steps, max_picks: int, skip_running_uncached: bool, max_missing: int = sys.maxsize
+    tree: _Steps,
+    max_picks: int,
+    skip_running_uncached: bool,
+    max_missing: int = sys.maxsize,
+    first: RequestId | None = None,
 ) -> TakenPicks:
-    """What `take_picks` does, one `best` / `suspend` / `activate` at a time (the Python core and the reference
-    model run this; the compiled core is held to it)."""
+    """What `take_picks` does, one `candidate` / `best` / `suspend` / `activate` at a time (the Python core and
+    the reference model run this; the compiled core is held to it)."""
     picks: list[Candidate] = []
     groups: list[ChunkHash] = []
     skipped: list[RequestId] = []
     ends: list[int] = []
     num_missing = 0
-    for i in range(max_picks):
+    if first is not None:
+        head = tree.candidate(first)
+        if tree.is_suspended(first):
+            tree.suspend(first)  # raises: a suspended request cannot be taken
+        if max_picks and skip_running_uncached and head.runs_uncached:
+            tree.suspend(first)
+            return TakenPicks(picks, groups, [first], ends, False)
+        if max_picks:
+            picks.append(head)
+            groups.append(tree.prefix_hash(first))
+            ends.append(0)
+            num_missing = head.num_missing
+    for i in range(len(picks), max_picks):
         if num_missing >= max_missing:
             break
         if i:

@@ -119,13 +119,18 @@ class NativeTree(_core.Core):
         return self._shares_prefix(handle, other, depth)
 
     def take_picks(
-        self, max_picks: int, skip_running_uncached: bool, max_missing: int | None = None
+        self,
+        max_picks: int,
+        skip_running_uncached: bool,
+        max_missing: int | None = None,
+        first: RequestId | None = None,
     ) -> TakenPicks:
         return TakenPicks(
             *self._take_picks(
                 checked_count("max_picks", max_picks),
                 bool(skip_running_uncached),
                 checked_max_missing(max_missing),
+                first,
             )
         )
 

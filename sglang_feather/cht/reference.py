@@ -89,6 +89,16 @@ class ReferenceTree:
     def resume_all(self) -> None:
         self.suspended.clear()
 
+    def is_suspended(self, rid: RequestId) -> bool:
+        return rid in self.suspended
+
+    def candidate(self, rid: RequestId) -> Candidate:
+        if rid not in self.states:
+            raise UnknownRequest(rid)
+        if self.states[rid] is not RequestState.WAITING:
+            raise InvalidTransition(rid)
+        return self.describe(rid)
+
     def cache_store(self, hashes: Sequence[ChunkHash], parent: ChunkHash | None = None) -> int:
         if parent is not None and parent not in self.cache:
             return 0
@@ -187,11 +197,14 @@ class ReferenceTree:
         return self.describe(rid)
 
     def take_picks(
-        self, max_picks: int, skip_running_uncached: bool, max_missing: int | None = None
+        self,
+        max_picks: int,
+        skip_running_uncached: bool,
+        max_missing: int | None = None,
+        first: RequestId | None = None,
     ) -> TakenPicks:
-        return take_picks_stepwise(
-            self, max_picks, skip_running_uncached, sys.maxsize if max_missing is None else max_missing
-        )
+        limit = sys.maxsize if max_missing is None else max_missing
+        return take_picks_stepwise(self, max_picks, skip_running_uncached, limit, first)
 
     def prefix_hash(self, rid: RequestId) -> ChunkHash:
         return self.hashes[rid][0]

@@ -173,18 +173,25 @@ class PythonTree(Ranking, CacheTier, Paths):
         return self._best_cache
 
     def take_picks(
-        self, max_picks: int, skip_running_uncached: bool, max_missing: int | None = None
+        self,
+        max_picks: int,
+        skip_running_uncached: bool,
+        max_missing: int | None = None,
+        first: RequestId | None = None,
     ) -> TakenPicks:
         """Up to `max_picks` picks of `best()`, each activated before the next is taken (the last one only when
         nothing is left after it); with `skip_running_uncached`, a best whose prefix runs uncached
         (`Candidate.runs_uncached`) is suspended and passed over; with `max_missing` (>= 1), the pick whose
         `num_missing` brings the picks' sum to it is the last (what an engine's prefill budget admits, in
-        chunks). What a pass planned ahead takes while no request can fall due, in one call."""
+        chunks). `first`, a waiting request (the aging guard's due one), is the first pick, as `candidate`
+        describes it; with `skip_running_uncached` a `first` whose prefix runs uncached is suspended and
+        nothing is taken. What a pass planned ahead takes while no request can fall due, in one call."""
         return take_picks_stepwise(
             self,
             checked_count("max_picks", max_picks),
             skip_running_uncached,
             checked_max_missing(max_missing),
+            first,
         )
 
     def candidate(self, request_id: RequestId) -> Candidate:

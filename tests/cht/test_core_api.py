@@ -350,6 +350,25 @@ def test_take_picks_ends_at_the_pick_that_reaches_max_missing(tree_cls):
     assert [c.request_id for c in tree.take_picks(3, False, max_missing=1).candidates] == ["b"]
 
 
+def test_take_picks_takes_a_given_first_request_or_suspends_it_alone(tree_cls):
+    tree = tree_cls(chunk_size=2)
+    tree.insert("run", [1, 1, 2, 2, 9, 9])
+    tree.activate("run")
+    tree.insert("sharer", [1, 1, 2, 2, 3, 3])  # its prefix runs uncached: in flight
+    tree.insert("a", [5, 5, 6])
+    tree.insert("b", [7, 7, 8])
+    taken = tree.take_picks(3, skip_running_uncached=True, first="sharer")
+    assert taken.candidates == [] and taken.skipped == ["sharer"] and not taken.is_exhausted
+    assert tree.is_suspended("sharer") and tree.num_active == 1
+    expected = tree.candidate("b")
+    taken = tree.take_picks(3, skip_running_uncached=True, first="b")
+    assert taken.candidates[0] == expected and [c.request_id for c in taken.candidates] == ["b", "a"]
+    assert taken.skip_ends == [0, 0] and taken.is_exhausted
+    for rid, error in (("sharer", "already suspended"), ("run", "active")):
+        with pytest.raises(InvalidTransition, match=error):
+            tree.take_picks(1, skip_running_uncached=False, first=rid)
+
+
 @pytest.mark.parametrize(
     ("max_picks", "max_missing", "error", "name"),
     [

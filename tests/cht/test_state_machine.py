@@ -172,11 +172,23 @@ class TreeVsReference(RuleBasedStateMachine):
         self.tree.remove(rid)
         self.ref.remove(rid)
 
-    @rule(max_picks=st.integers(0, 4), skip=st.booleans(), max_missing=st.none() | st.integers(1, 12))
-    def take_picks(self, max_picks, skip, max_missing):
-        """A planned pass's block of picks: the same as best / suspend / activate one at a time."""
-        taken = self.tree.take_picks(max_picks, skip, max_missing)
-        assert taken == self.ref.take_picks(max_picks, skip, max_missing)
+    @rule(
+        max_picks=st.integers(0, 4),
+        skip=st.booleans(),
+        max_missing=st.none() | st.integers(1, 12),
+        data=st.data(),
+    )
+    def take_picks(self, max_picks, skip, max_missing, data):
+        """A planned pass's block of picks (after a given first one, the aging guard's due request, or not):
+        the same as candidate / best / suspend / activate one at a time."""
+        eligible = [r for r in self.ids(RequestState.WAITING) if r not in self.ref.suspended]
+        first = data.draw(st.none() | st.sampled_from(eligible)) if eligible else None
+        taken = self.tree.take_picks(max_picks, skip, max_missing, first)
+        assert taken == self.ref.take_picks(max_picks, skip, max_missing, first)
+        if first is not None and max_picks:
+            assert (taken.candidates[:1] == [] and taken.skipped == [first]) or (
+                taken.candidates[0].request_id == first
+            )
         missing = [c.num_missing for c in taken.candidates]
         if max_missing is not None:
             assert sum(missing[:-1]) < max_missing, "the pick that reaches max_missing is the last"

@@ -95,8 +95,8 @@ def test_a_planned_pass_admits_and_counts_as_the_step_path(seed):
     num_taken = []  # picks the plan took in one call of the tree (no due check could touch them)
     take_picks = plans.tree.take_picks
 
-    def counted_take_picks(max_picks, skip_running_uncached, max_missing=None):
-        taken = take_picks(max_picks, skip_running_uncached, max_missing)
+    def counted_take_picks(max_picks, skip_running_uncached, max_missing=None, first=None):
+        taken = take_picks(max_picks, skip_running_uncached, max_missing, first)
         num_taken.append(len(taken.candidates))
         return taken
 

@@ -1004,16 +1004,38 @@ class Core {
         return best_cache_;
     }
 
-    // take_picks(max_picks, skip_running_uncached, max_missing) -> (candidates, groups, skipped, skip_ends,
-    // is_exhausted): the Python core's loop of best / suspend / activate (tree.py), with no Python frame per
-    // pick; it also ends at the pick whose missing chunks bring the picks' sum to `max_missing`.
-    nb::tuple take_picks(int64_t max_picks, bool skip_running_uncached, int64_t max_missing) {
+    // take_picks(max_picks, skip_running_uncached, max_missing, first) -> (candidates, groups, skipped,
+    // skip_ends, is_exhausted): the Python core's loop of best / suspend / activate (tree.py), with no Python
+    // frame per pick; it also ends at the pick whose missing chunks bring the picks' sum to `max_missing`.
+    // `first` (a waiting request id, or None) is taken before the ranking's picks, or suspended alone.
+    nb::tuple take_picks(int64_t max_picks, bool skip_running_uncached, int64_t max_missing, nb::handle first) {
         if (max_picks < 0) throw nb::value_error("max_picks must be >= 0");
         if (max_missing < 1) throw nb::value_error("max_missing must be >= 1");
+        uint32_t head = NIL;
+        if (!first.is_none()) {
+            head = handle_of(first);
+            if (reqs_[head].state != WAITING) raise_state(first, head, nullptr);
+            if (reqs_[head].suspended) transition(first, ALREADY_SUSPENDED, WAITING);
+        }
         nb::list picks, groups, skipped, ends;
         uint32_t last = NIL;
-        int64_t num_missing = 0;
-        for (int64_t i = 0; i < max_picks && num_missing < max_missing; ++i) {
+        int64_t num_missing = 0, i = 0;
+        if (head != NIL && max_picks > 0) {
+            int64_t values[NUM_FIELDS - 1];
+            describe_into(head, values);
+            if (skip_running_uncached && std::min(values[2], values[0] - 1) > values[3]) {
+                suspend(head);
+                skipped.append(nb::borrow(first));
+                return nb::make_tuple(picks, groups, skipped, ends, false);
+            }
+            picks.append(make_candidate(head, values));
+            groups.append(nb::steal(PyLong_FromUnsignedLongLong(chunk_hash(reqs_[head].path, 0))));
+            ends.append(nb::steal(PyLong_FromSsize_t(0)));
+            num_missing = values[1];
+            last = head;
+            i = 1;
+        }
+        for (; i < max_picks && num_missing < max_missing; ++i) {
             if (last != NIL) activate(last);
             best();
             // best_values_: num_chunks, num_missing, depth_running, depth_cached, ... (Candidate.runs_uncached)
@@ -2794,7 +2816,8 @@ NB_MODULE(_core, m) {
         .def_prop_ro("shared_depth", &Core::shared_depth)
         .def("_bind", &Core::bind)
         .def("best", &Core::best)
-        .def("_take_picks", &Core::take_picks)
+        .def("_take_picks", &Core::take_picks, nb::arg("max_picks"), nb::arg("skip_running_uncached"),
+             nb::arg("max_missing"), nb::arg("first").none())
         .def("candidate", &Core::candidate_of, "request_id"_a.none())
         .def("activate", &Core::activate_id, "request_id"_a.none())
         .def("deactivate", &Core::deactivate_id, "request_id"_a.none())
