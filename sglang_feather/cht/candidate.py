@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass
 from typing import Protocol
 
+from sglang_feather.cht.checks import checked_count, checked_max_missing
 from sglang_feather.types import ChunkHash, RequestId
 
 
@@ -115,3 +116,30 @@ def take_picks_stepwise(
         ends.append(len(skipped))
         num_missing += candidate.num_missing
     return TakenPicks(picks, groups, skipped, ends, False)
+
+
+class StepwisePicks:
+    """`take_picks` through `take_picks_stepwise`, for a tree with the `_Steps` methods (the Python core, the
+    reference model)."""
+
+    def take_picks(
+        self,
+        max_picks: int,
+        skip_running_uncached: bool,
+        max_missing: int | None = None,
+        first: RequestId | None = None,
+    ) -> TakenPicks:
+        """Up to `max_picks` picks of `best()`, each activated before the next is taken (the last one only when
+        nothing is left after it); with `skip_running_uncached`, a best whose prefix runs uncached
+        (`Candidate.runs_uncached`) is suspended and passed over; with `max_missing` (>= 1), the pick whose
+        `num_missing` brings the picks' sum to it is the last (what an engine's prefill budget admits, in
+        chunks). `first`, a waiting request (the aging guard's due one), is the first pick, as `candidate`
+        describes it; with `skip_running_uncached` a `first` whose prefix runs uncached is suspended and
+        nothing is taken. What a pass planned ahead takes while no request can fall due, in one call."""
+        return take_picks_stepwise(
+            self,
+            checked_count("max_picks", max_picks),
+            skip_running_uncached,
+            checked_max_missing(max_missing),
+            first,
+        )

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
-from sglang_feather.cht.candidate import TakenPicks, take_picks_stepwise
+from sglang_feather.cht.candidate import StepwisePicks
 from sglang_feather.cht.errors import (
     DuplicateRequest,
     EmptyPrompt,
@@ -18,7 +17,7 @@ from sglang_feather.cht.tree import Candidate
 from sglang_feather.types import ChunkHash, RequestId
 
 
-class ReferenceTree:
+class ReferenceTree(StepwisePicks):
     """Same operations and results as `ChunkedHashTree`, recomputed from scratch on every query."""
 
     def __init__(self) -> None:
@@ -195,16 +194,6 @@ class ReferenceTree:
         else:
             rid = min(eligible, key=lambda r: self.order[r])
         return self.describe(rid)
-
-    def take_picks(
-        self,
-        max_picks: int,
-        skip_running_uncached: bool,
-        max_missing: int | None = None,
-        first: RequestId | None = None,
-    ) -> TakenPicks:
-        limit = sys.maxsize if max_missing is None else max_missing
-        return take_picks_stepwise(self, max_picks, skip_running_uncached, limit, first)
 
     def prefix_hash(self, rid: RequestId) -> ChunkHash:
         return self.hashes[rid][0]

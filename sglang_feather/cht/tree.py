@@ -10,15 +10,13 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from sglang_feather.cht.cache_tier import CacheTier
-from sglang_feather.cht.candidate import Candidate, TakenPicks, take_picks_stepwise
+from sglang_feather.cht.candidate import Candidate, StepwisePicks
 from sglang_feather.cht.checks import (
     check_depth,
     checked_arrival,
     checked_chunk_size,
-    checked_count,
     checked_depth,
     checked_hashes,
-    checked_max_missing,
     checked_share_depth,
 )
 from sglang_feather.cht.errors import DuplicateRequest, EmptyPrompt, InvalidTransition
@@ -51,7 +49,7 @@ _WAITING = RequestState.WAITING
 _ACTIVE = RequestState.ACTIVE
 
 
-class PythonTree(Ranking, CacheTier, Paths):
+class PythonTree(Ranking, CacheTier, Paths, StepwisePicks):
     """The pure-Python core (and the reference the compiled one is held to); see "how it works" above.
 
     Complexity (n = chunks of the request, W = waiting requests, d = nodes that change coverage, c = chunks
@@ -171,28 +169,6 @@ class PythonTree(Ranking, CacheTier, Paths):
             self._best_cache = self._describe(req) if req is not None else None
             self._best_valid = True
         return self._best_cache
-
-    def take_picks(
-        self,
-        max_picks: int,
-        skip_running_uncached: bool,
-        max_missing: int | None = None,
-        first: RequestId | None = None,
-    ) -> TakenPicks:
-        """Up to `max_picks` picks of `best()`, each activated before the next is taken (the last one only when
-        nothing is left after it); with `skip_running_uncached`, a best whose prefix runs uncached
-        (`Candidate.runs_uncached`) is suspended and passed over; with `max_missing` (>= 1), the pick whose
-        `num_missing` brings the picks' sum to it is the last (what an engine's prefill budget admits, in
-        chunks). `first`, a waiting request (the aging guard's due one), is the first pick, as `candidate`
-        describes it; with `skip_running_uncached` a `first` whose prefix runs uncached is suspended and
-        nothing is taken. What a pass planned ahead takes while no request can fall due, in one call."""
-        return take_picks_stepwise(
-            self,
-            checked_count("max_picks", max_picks),
-            skip_running_uncached,
-            checked_max_missing(max_missing),
-            first,
-        )
 
     def candidate(self, request_id: RequestId) -> Candidate:
         """`best()`'s numbers for a given waiting request (e.g. one the aging guard admits)."""
