@@ -12,20 +12,22 @@ from sglang_feather.types import ChunkHash, RequestId
 #
 # With a stopper that always adds without looking (`always`, the default) and an in-flight check that needs
 # no engine query (answered by the cache tier, or off), a pass's picks depend only on the tree and the aging
-# guard, so the admission can take them before the engine's loop reaches them. `plan_ahead(batch_size, n)`
-# takes up to n more picks exactly as `next_pick` would after each `accept`: each pick is activated in the
+# guard, so the admission can take them before the engine's loop reaches them. `plan_ahead(batch_size, n,
+# max_missing)` takes up to n more picks (ending at the one whose missing chunks reach `max_missing`, the
+# engine's prefill budget) exactly as `next_pick` would after each `accept`: each pick is activated in the
 # tree before the next is taken (the next one sees it running; the last waits for the plan to go on or for
 # `settle`, so a refused last pick costs nothing to undo), and its wait is fed to a copy of the guard (a
 # request that falls due mid-pass, as the median of served waits drops, is served where the step-by-step path
 # serves it). Picks that no due check can touch are taken in one call of the tree (`take_picks`, compiled in
 # the native core): the guard says how many admissions it takes before even the longest-waiting request could
 # fall due, whatever their waits (`AgingGuard.num_not_due`), and once a due request is among the picks no
-# other is due in the pass; the guard's copy is only made when a due check has to read it. The plan keeps its
+# other is due in the pass, so a due request and the picks after it are one call too (`first`); the guard's
+# copy is only made when a due check has to read it. The plan keeps its
 # picks in columns (candidates, prefix groups, waits, the requests skipped while taking them), not an object
 # per pick. The engine puts the planned requests where its loop reaches next and its budgets decide how many
 # join: admissions are a prefix of the plan, since its loop stops at the first refusal. `settle(num_admitted,
 # refused)` does for that prefix what `decide` and `accept` do one request at a time (the reward window's
-# roll, consults, stats, footprint, the real guard), counts the first refused pick as withdrawn when the loop
+# roll, consults, stats, the real guard; a blind stopper keeps no footprint), counts the first refused pick as withdrawn when the loop
 # reached it, and undoes the rest in reverse: deactivated (a deactivated request keeps its place in the
 # ranking) and the requests skipped while taking them resumed and uncounted. The requests skipped while taking
 # a pick stay skipped when the pick before it was admitted: the step-by-step path takes each next pick right
