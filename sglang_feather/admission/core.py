@@ -122,6 +122,13 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         elif isinstance(self.footprint, NoFootprint):
             self.footprint = RunningFootprint.recount(self.tree)
 
+    def _counted_footprint(self) -> RunningFootprint:
+        """The footprint a stopper that looks is shown: counted from the tree if the admission kept none (its
+        stopper became one that looks without being handed over, e.g. `blind_decision` changed in place)."""
+        if isinstance(self.footprint, NoFootprint):
+            self.footprint = RunningFootprint.recount(self.tree)
+        return self.footprint
+
     # ----------------------------------------------------------------- one scheduling pass
 
     def begin_pass(self) -> None:
@@ -206,7 +213,9 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         blind = self.stopper.blind_decision
         observation = None
         if blind is None:
-            observation = observe(self.tree, self.footprint, candidate, batch_size, self.wait_s, headroom)
+            observation = observe(
+                self.tree, self._counted_footprint(), candidate, batch_size, self.wait_s, headroom
+            )
         adds_group = candidate.adds_group
         if pick.is_aged:
             return Proposal(candidate, observation, Decision.ADD, is_aged=True)
