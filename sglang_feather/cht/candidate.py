@@ -118,9 +118,10 @@ def take_picks_stepwise(
     return TakenPicks(picks, groups, skipped, ends, False)
 
 
-class StepwisePicks:
-    """`take_picks` through `take_picks_stepwise`, for a tree with the `_Steps` methods (the Python core, the
-    reference model)."""
+class TakesPicks:
+    """`take_picks` with its arguments checked, for every core: `_take_checked` takes them, through
+    `take_picks_stepwise` for a tree with the `_Steps` methods (the Python core, the reference model); the
+    compiled core overrides it with its own loop."""
 
     def take_picks(
         self,
@@ -136,10 +137,14 @@ class StepwisePicks:
         chunks). `first`, a waiting request (the aging guard's due one), is the first pick, as `candidate`
         describes it; with `skip_running_uncached` a `first` whose prefix runs uncached is suspended and
         nothing is taken. What a pass planned ahead takes while no request can fall due, in one call."""
-        return take_picks_stepwise(
-            self,
+        return self._take_checked(
             checked_count("max_picks", max_picks),
-            skip_running_uncached,
+            bool(skip_running_uncached),
             checked_max_missing(max_missing),
             first,
         )
+
+    def _take_checked(
+        self, max_picks: int, skip_running_uncached: bool, max_missing: int, first: RequestId | None
+    ) -> TakenPicks:
+        return take_picks_stepwise(self, max_picks, skip_running_uncached, max_missing, first)

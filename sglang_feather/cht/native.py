@@ -8,13 +8,11 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from sglang_feather.cht._native import _core
-from sglang_feather.cht.candidate import TakenPicks
+from sglang_feather.cht.candidate import TakenPicks, TakesPicks
 from sglang_feather.cht.checks import (
     check_depth,
     checked_chunk_size,
-    checked_count,
     checked_depth,
-    checked_max_missing,
     checked_share_depth,
 )
 from sglang_feather.cht.errors import (
@@ -46,7 +44,7 @@ _STATES = (None, RequestState.WAITING, RequestState.ACTIVE)
 _BUFFERS = (np.ndarray, array)
 
 
-class NativeTree(_core.Core):
+class NativeTree(_core.Core, TakesPicks):
     """The compiled Chunked Hash Tree; same methods, results and errors as `PythonTree`."""
 
     def __init__(self, chunk_size: int = DEFAULT_CHUNK_SIZE):
@@ -118,21 +116,10 @@ class NativeTree(_core.Core):
             return False
         return self._shares_prefix(handle, other, depth)
 
-    def take_picks(
-        self,
-        max_picks: int,
-        skip_running_uncached: bool,
-        max_missing: int | None = None,
-        first: RequestId | None = None,
+    def _take_checked(
+        self, max_picks: int, skip_running_uncached: bool, max_missing: int, first: RequestId | None
     ) -> TakenPicks:
-        return TakenPicks(
-            *self._take_picks(
-                checked_count("max_picks", max_picks),
-                bool(skip_running_uncached),
-                checked_max_missing(max_missing),
-                first,
-            )
-        )
+        return TakenPicks(*self._take_picks(max_picks, skip_running_uncached, max_missing, first))
 
     def oldest(self) -> RequestId | None:
         handle = self._oldest()

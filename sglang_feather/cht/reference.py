@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sglang_feather.cht.candidate import StepwisePicks
+from sglang_feather.cht.candidate import TakesPicks
 from sglang_feather.cht.errors import (
     DuplicateRequest,
     EmptyPrompt,
@@ -17,7 +17,7 @@ from sglang_feather.cht.tree import Candidate
 from sglang_feather.types import ChunkHash, RequestId
 
 
-class ReferenceTree(StepwisePicks):
+class ReferenceTree(TakesPicks):
     """Same operations and results as `ChunkedHashTree`, recomputed from scratch on every query."""
 
     def __init__(self) -> None:

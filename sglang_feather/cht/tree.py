@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from sglang_feather.cht.cache_tier import CacheTier
-from sglang_feather.cht.candidate import Candidate, StepwisePicks
+from sglang_feather.cht.candidate import Candidate, TakesPicks
 from sglang_feather.cht.checks import (
     check_depth,
     checked_arrival,
@@ -49,7 +49,7 @@ _WAITING = RequestState.WAITING
 _ACTIVE = RequestState.ACTIVE
 
 
-class PythonTree(Ranking, CacheTier, Paths, StepwisePicks):
+class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
     """The pure-Python core (and the reference the compiled one is held to); see "how it works" above.
 
     Complexity (n = chunks of the request, W = waiting requests, d = nodes that change coverage, c = chunks
