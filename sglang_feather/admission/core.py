@@ -119,8 +119,8 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         self._window.hand_over(stopper)
         if stopper.blind_decision is not None:
             self.footprint = NoFootprint()
-        elif isinstance(self.footprint, NoFootprint):
-            self.footprint = RunningFootprint.recount(self.tree)
+        else:
+            self._counted_footprint()
 
     def _counted_footprint(self) -> RunningFootprint:
         """The footprint a stopper that looks is shown: counted from the tree if the admission kept none (its
@@ -461,7 +461,10 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         stats.num_consults += sum(consulted)
         stats.num_group_consults += sum(compress(adds_group, consulted))
         stats.sum_delta += sum(deltas)
-        # A planned pass has a blind stopper, whose admission keeps no footprint (`NoFootprint`).
+        # A planned pass's stopper is blind and reads no footprint: one still kept (a stopper made blind in
+        # place) is not booked here, so it goes; `_counted_footprint` counts it again if one is shown.
+        if not isinstance(self.footprint, NoFootprint):
+            self.footprint = NoFootprint()
         stats.num_admitted += num_admitted
         self._in_flight.admitted_all([candidate.request_id for candidate in admitted])
 

@@ -101,9 +101,10 @@ class FeatherAdderMixin:
         feather = self.feather
         can_run = self.can_run_list
         before = feather.planned_before.get(req, _NOT_PLANNED)
-        if before is not _NOT_PLANNED and (
-            (bool(can_run) and can_run[-1] is before) if before is not None else feather.plan_reached(can_run)
-        ):
+        if before is None:  # the plan's first request: the loop's admissions from here on are the plan's
+            feather.plan_reached(can_run)
+        planned = before is None or (before is not _NOT_PLANNED and bool(can_run) and can_run[-1] is before)
+        if planned:
             result = super().add_one_req(req, has_chunked_req, truncation_align_size)
             if not (can_run and can_run[-1] is req):
                 feather.planned_refused()

@@ -283,13 +283,11 @@ class FeatherRuntime(QueueSlots):
         """The plan's requests SGLang's adder admitted so far (a prefix of the plan)."""
         return 0 if self._can_run is None else len(self._can_run) - self._can_run_mark
 
-    def plan_reached(self, can_run: list[Any]) -> bool:
-        """SGLang's loop reached the plan's first request: its adder's admissions from here on are the plan's.
-        Returns True (the adder goes on as for any planned request)."""
+    def plan_reached(self, can_run: list[Any]) -> None:
+        """SGLang's loop reached the plan's first request: its adder's admissions from here on are the plan's."""
         t0 = time.perf_counter()
         self._can_run, self._can_run_mark = can_run, len(can_run)
         self._step_s += time.perf_counter() - t0
-        return True
 
     def planned_all_added(self) -> None:
         """SGLang's adder admitted the plan's last request: a block twice as long follows (or, with nothing
