@@ -16,8 +16,6 @@ from sglang_feather.sglang.runtime import FeatherRuntime
 
 AddReqResult = _sglang_policy.AddReqResult
 
-_NOT_PLANNED = object()
-
 
 class FeatherSchedulePolicy(_sglang_policy.SchedulePolicy):
     """SGLang's `SchedulePolicy`; with `policy="feather"` the queue order comes from the Chunked Hash Tree.
@@ -100,17 +98,22 @@ class FeatherAdderMixin:
     def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: int | None):
         feather = self.feather
         can_run = self.can_run_list
-        before = feather.planned_before.get(req, _NOT_PLANNED)
-        if before is None:  # the plan's first request: the loop's admissions from here on are the plan's
-            feather.plan_reached(can_run)
-        planned = before is None or (before is not _NOT_PLANNED and bool(can_run) and can_run[-1] is before)
-        if planned:
-            result = super().add_one_req(req, has_chunked_req, truncation_align_size)
-            if not (can_run and can_run[-1] is req):
-                feather.planned_refused()
-            elif req is feather.last_planned:
-                feather.planned_all_added()
-            return result
+        planned = feather.planned
+        if planned:  # the plan's admissions so far are a prefix of it: is `req` the next one?
+            if feather.planned_can_run is None:
+                is_planned = planned[0] is req
+                if is_planned:  # the plan's first request: the loop's admissions from here on are the plan's
+                    feather.plan_reached(can_run)
+            else:
+                k = len(can_run) - feather.planned_mark
+                is_planned = k < len(planned) and planned[k] is req
+            if is_planned:
+                result = super().add_one_req(req, has_chunked_req, truncation_align_size)
+                if not (can_run and can_run[-1] is req):
+                    feather.planned_refused()
+                elif req is planned[-1]:
+                    feather.planned_all_added()
+                return result
         running = self.running_batch.reqs if self.running_batch is not None else ()
         return feather.admit(
             req,

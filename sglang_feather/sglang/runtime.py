@@ -52,8 +52,8 @@ SAVE_INTERVAL_S = 30.0
 # With a stopper that adds without looking (`always`, the default) and the cache tier fed, passes are planned
 # ahead instead (`admission/plan.py`): `begin_pass` takes a block of picks at once (one more than SGLang
 # admitted in the last pass) and moves them to the head of the queue in order. The adder only reads
-# whether the request its loop reached is planned and follows the last one it admitted (`planned_before`) and
-# runs SGLang's own `add_one_req`; Feather hears of the plan's first request (`plan_reached`: where the loop's
+# whether the request its loop reached is the plan's next one (`planned[k]`, k the plan's admissions so far,
+# which are a prefix of it) and runs SGLang's own `add_one_req`; Feather hears of the plan's first request (`plan_reached`: where the loop's
 # admissions start), of a refusal (`planned_refused`) and of the block's last admission (`planned_all_added`:
 # a block twice as long follows), never of each admission, which it counts from SGLang's `can_run_list`. At the
 # first refusal, when nothing is left to plan, when the loop passes over a planned request, or else at the step
@@ -104,19 +104,16 @@ class FeatherRuntime(QueueSlots):
         """Picks moved to the head of the queue and not admitted: put back in queue-number order next pass."""
         self.plans_ahead = self.admission.can_plan
         """Plan passes ahead (see "how it works"); False takes the step path, with the same admissions."""
-        self._planned: list[Any] | None = None
-        """This pass's planned requests in queue order (None: the pass goes step by step)."""
+        self.planned: list[Any] | None = None
+        """This pass's planned requests in queue order (None: the pass goes step by step). The adder treats the
+        request its loop reaches as planned when it is `planned[k]`, k the plan's admissions so far (`planned[0]`
+        before `plan_reached`): a list read, with no call into Feather. Once it admits `planned[-1]`,
+        `planned_all_added` plans the next block."""
         self._planned_picks: list[Candidate] = []
-        self.planned_before: dict[Any, Any] = {}
-        """Each planned request -> the one planned before it (None for the plan's first): the adder treats the
-        request its loop reaches as planned when the last one it admitted is that predecessor (a read, with no
-        call into Feather); empty while no pass is planned."""
-        self.last_planned: Any = None
-        """The plan's last request: once the adder admits it, `planned_all_added` plans the next block."""
-        self._can_run: list[Any] | None = None
-        """SGLang's adder's `can_run_list` once its loop reached the plan (`plan_reached`), and its length then:
-        what it gained since are the plan's admitted requests, in order."""
-        self._can_run_mark = 0
+        self.planned_can_run: list[Any] | None = None
+        """SGLang's adder's `can_run_list` once its loop reached the plan (`plan_reached`), and its length then
+        (`planned_mark`): what it gained since are the plan's admitted requests, in order."""
+        self.planned_mark = 0
         self._moved_mark = 0
         """Where this plan's placed requests start in `_moved` (its admitted ones leave it at settle)."""
         self._refused = False
@@ -216,7 +213,7 @@ class FeatherRuntime(QueueSlots):
         `headroom()` is the adder's KV room (`rem_total_tokens` over the pool's size)."""
         if self._fcfs_pass:
             return sglang_add()
-        if self._planned is not None:
+        if self.planned is not None:
             self._guarded_settle()  # the loop passed over a planned request: the rest step by step
         t0 = time.perf_counter()
         try:
@@ -254,7 +251,7 @@ class FeatherRuntime(QueueSlots):
     def _begin_plan(self, batch_size: int) -> None:
         self.num_planned_passes += 1
         self._close_plan()
-        self._planned, self._planned_picks = [], []
+        self.planned, self._planned_picks = [], []
         self._moved_mark = len(self._moved)
         self._refused = False
         if self._budget_chunks is None:
@@ -271,22 +268,18 @@ class FeatherRuntime(QueueSlots):
         if self._block_missing is not None:
             self._block_missing *= 2
         self._planned_picks += picks
-        planned = self._planned
-        reqs = self._place(picks, len(planned))
-        if reqs:
-            self.planned_before.update(zip(reqs, [self.last_planned, *reqs[:-1]], strict=True))
-            self.last_planned = reqs[-1]
-        planned += reqs
+        planned = self.planned
+        planned += self._place(picks, len(planned))
 
     @property
     def num_planned_admitted(self) -> int:
         """The plan's requests SGLang's adder admitted so far (a prefix of the plan)."""
-        return 0 if self._can_run is None else len(self._can_run) - self._can_run_mark
+        return 0 if self.planned_can_run is None else len(self.planned_can_run) - self.planned_mark
 
     def plan_reached(self, can_run: list[Any]) -> None:
         """SGLang's loop reached the plan's first request: its adder's admissions from here on are the plan's."""
         t0 = time.perf_counter()
-        self._can_run, self._can_run_mark = can_run, len(can_run)
+        self.planned_can_run, self.planned_mark = can_run, len(can_run)
         self._step_s += time.perf_counter() - t0
 
     def planned_all_added(self) -> None:
@@ -295,10 +288,10 @@ class FeatherRuntime(QueueSlots):
         t0 = time.perf_counter()
         try:
             self._plan_block(0)
-            if self.num_planned_admitted == len(self._planned):
+            if self.num_planned_admitted == len(self.planned):
                 self._settle_plan()
         except Exception:
-            self._failed("planned admission", self._planned[-1:] if self._planned else [])
+            self._failed("planned admission", self.planned[-1:] if self.planned else [])
         self._step_s += time.perf_counter() - t0
 
     def planned_refused(self) -> None:
@@ -309,7 +302,7 @@ class FeatherRuntime(QueueSlots):
             self._refused = True
             self._settle_plan()
         except Exception:
-            self._failed("planned admission", self._planned[-1:] if self._planned else [])
+            self._failed("planned admission", self.planned[-1:] if self.planned else [])
         self._step_s += time.perf_counter() - t0
 
     def _guarded_settle(self) -> None:
@@ -325,7 +318,7 @@ class FeatherRuntime(QueueSlots):
 
     def _settle_plan(self) -> None:
         """Book what SGLang admitted of the plan and undo the rest; the pass (if it goes on) steps."""
-        if self._planned is None:
+        if self.planned is None:
             return
         num_admitted = self.num_planned_admitted
         self._close_plan()
@@ -344,8 +337,7 @@ class FeatherRuntime(QueueSlots):
                 self.metrics.consulted(False)
 
     def _close_plan(self) -> None:
-        self._planned = self._can_run = self.last_planned = None
-        self.planned_before = {}
+        self.planned = self.planned_can_run = None
 
     def _stop(self, req: Any, proposal: Proposal) -> Any:
         """A STOP (or a deferred pick): skip the request; the pass goes on past it only where the stopper's
