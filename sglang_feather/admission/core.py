@@ -373,9 +373,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         now, arrivals = self.clock(), self._arrivals
         waits = [now - arrivals[candidate.request_id] for candidate in candidates]
         if due is not None and candidates:
-            plan.guard_copy(self.guard).admitted(waits[0])
-            plan.aged_index = len(plan)
-            plan.is_aged = True
+            plan.took_due()
         plan.candidates += candidates
         plan.groups += taken.groups
         plan.served(waits)

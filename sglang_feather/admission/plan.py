@@ -41,7 +41,8 @@ class PassPlan:
     batch_size: int
     """The requests running when the pass began: pick i joins a batch of `batch_size + i`."""
     guard: AgingGuard | None = None
-    """The aging guard as it will be once the planned picks are admitted (made when a due check reads it)."""
+    """The aging guard as it will be once the planned picks are admitted (made when a due check reads it; none
+    once the plan is aged, since no due check follows a due pick in its pass)."""
     candidates: list[Candidate] = field(default_factory=list)
     groups: list[ChunkHash] = field(default_factory=list)
     """Each pick's prefix group (its first chunk hash)."""
@@ -71,6 +72,13 @@ class PassPlan:
             self.guard = guard.clone()
             self.guard.served_all(self.waits)
         return self.guard
+
+    def took_due(self) -> None:
+        """The next pick is the guard's due request: the plan is aged from it on, and its copy of the guard, which
+        only due checks read, is dropped (none follows in the pass)."""
+        self.aged_index = len(self.candidates)
+        self.is_aged = True
+        self.guard = None
 
     def served(self, waits: list[float]) -> None:
         """Picks with these waits were planned (their waits reach the guard's copy, if one was made)."""
