@@ -20,6 +20,7 @@
 // digests as the xxhash package) straight from the caller's buffer.
 
 #include <Python.h>
+#include <structmember.h>  // T_OBJECT_EX, READONLY: a slotted Candidate's member descriptors
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -979,6 +980,18 @@ class Core {
         static const char* names[] = {"request_id",    "num_chunks",   "num_missing", "depth_running",
                                       "depth_cached",  "depth_before", "depth_after", "num_sharing"};
         for (int i = 0; i < NUM_FIELDS; ++i) field_names_[i] = nb::steal(PyUnicode_InternFromString(names[i]));
+        // A slotted `Candidate` (the dataclass's slots=True) keeps each field at a fixed offset: store there, as
+        // its member descriptors do, instead of looking each descriptor up again per field and candidate.
+        num_slots_ = 0;
+        auto* type = reinterpret_cast<PyTypeObject*>(candidate_cls_.ptr());
+        for (int i = 0; i < NUM_FIELDS; ++i) {
+            PyObject* descr = _PyType_Lookup(type, field_names_[i].ptr());
+            if (descr == nullptr || Py_TYPE(descr) != &PyMemberDescr_Type) return;
+            PyMemberDef* member = reinterpret_cast<PyMemberDescrObject*>(descr)->d_member;
+            if (member->type != T_OBJECT_EX || (member->flags & READONLY)) return;
+            slot_offsets_[i] = member->offset;
+        }
+        num_slots_ = NUM_FIELDS;
     }
 
     // best(): the next waiting request's `Candidate`, or None; cached until the next mutation.
@@ -1174,6 +1187,17 @@ class Core {
         Py_DECREF(empty);
         if (obj == nullptr) throw nb::python_error();
         nb::object result = nb::steal(obj);
+        if (num_slots_ == NUM_FIELDS) {
+            PyObject* id = PyList_GET_ITEM(ids_.ptr(), h);
+            Py_INCREF(id);
+            *slot_of(obj, 0) = id;
+            for (int i = 0; i < NUM_FIELDS - 1; ++i) {
+                PyObject* v = PyLong_FromLongLong(values[i]);
+                if (v == nullptr) throw nb::python_error();
+                *slot_of(obj, i + 1) = v;
+            }
+            return result;
+        }
         if (PyObject_GenericSetAttr(obj, field_names_[0].ptr(), PyList_GET_ITEM(ids_.ptr(), h)) != 0)
             throw nb::python_error();
         for (int i = 0; i < NUM_FIELDS - 1; ++i) {
@@ -2552,6 +2576,12 @@ class Core {
     uint32_t best_handle_ = NIL;                // the request `best_cache_` describes (NIL: none)
     int64_t best_values_[NUM_FIELDS - 1] = {};  // its `describe_into` values
     nb::object field_names_[NUM_FIELDS];
+    Py_ssize_t slot_offsets_[NUM_FIELDS] = {};
+    int num_slots_ = 0;  // NUM_FIELDS once every field's slot offset is known (`bind`), else 0
+
+    PyObject** slot_of(PyObject* obj, int field) const {
+        return reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + slot_offsets_[field]);
+    }
     Slab<Node, 14> nodes_;  // 16384 x 128 bytes: one huge page per block
     std::vector<uint32_t> free_nodes_;
     Slab<FirstLevel, 8> levels_;
