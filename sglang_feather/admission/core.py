@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from itertools import compress
+from operator import attrgetter
 
 from sglang_feather.admission.config import AdmissionConfig, StopScope
 from sglang_feather.admission.costs import Footprint, Headroom, NoFootprint, RunningFootprint, observe
@@ -24,6 +25,9 @@ from sglang_feather.policy.persist import load_state
 from sglang_feather.types import RequestId
 
 logger = logging.getLogger(__name__)
+
+_NUM_MISSING = attrgetter("num_missing")
+_REQUEST_ID = attrgetter("request_id")
 
 # How it works.
 #
@@ -334,19 +338,21 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         plan = self._plan
         if plan is None:
             plan = self._plan = PassPlan(self._aged_this_pass, batch_size)
-        first, missing_left = len(plan), checked_max_missing(max_missing)
-        while len(plan) - first < max_picks and missing_left > 0 and not plan.is_exhausted:
-            if plan.num_activated < len(plan):
-                self.tree.activate(plan.candidates[-1].request_id)
+        candidates = plan.candidates  # `_take` extends this list
+        first, missing_left = len(candidates), checked_max_missing(max_missing)
+        while len(candidates) - first < max_picks and missing_left > 0 and not plan.is_exhausted:
+            mark = len(candidates)
+            if plan.num_activated < mark:
+                self.tree.activate(candidates[-1].request_id)
                 plan.num_activated += 1
-            mark, num_picks = len(plan), max_picks - (len(plan) - first)
+            num_picks = max_picks - (mark - first)
             num_unguarded = self._num_unguarded(plan, num_picks)
             if num_unguarded:
                 self._take(plan, num_unguarded, missing_left)
             else:
                 self._take_guarded(plan, num_picks, missing_left)
-            missing_left -= sum(candidate.num_missing for candidate in plan.candidates[mark:])
-        return plan.candidates[first:]
+            missing_left -= sum(map(_NUM_MISSING, candidates[mark:]))
+        return candidates[first:]
 
     def _num_unguarded(self, plan: PassPlan, limit: int) -> int:
         """How many of the next picks (up to `limit`) no due check can touch."""
@@ -365,13 +371,16 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
             raise RuntimeError("a planned pass was closed to new prefix groups (only a STOP closes one)")
         taken = self.tree.take_picks(num_picks, self._in_flight.enabled, max_missing, due)
         num_skipped = len(plan.skipped)
-        plan.skipped += taken.skipped
-        plan.skip_ends += [num_skipped + end for end in taken.skip_ends]
-        self._skipped += taken.skipped
-        self.stats.num_deferred += len(taken.skipped)
+        if taken.skipped:
+            plan.skipped += taken.skipped
+            self._skipped += taken.skipped
+            self.stats.num_deferred += len(taken.skipped)
+        plan.skip_ends += [num_skipped + end for end in taken.skip_ends] if num_skipped else taken.skip_ends
         candidates = taken.candidates
+        request_ids = list(map(_REQUEST_ID, candidates))
+        plan.request_ids += request_ids
         now, arrivals = self.clock(), self._arrivals
-        waits = [now - arrivals[candidate.request_id] for candidate in candidates]
+        waits = [now - arrivals[request_id] for request_id in request_ids]
         if due is not None and candidates:
             plan.took_due()
         plan.candidates += candidates
@@ -464,7 +473,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         if not isinstance(self.footprint, NoFootprint):
             self.footprint = NoFootprint()
         stats.num_admitted += num_admitted
-        self._in_flight.admitted_all([candidate.request_id for candidate in admitted])
+        self._in_flight.admitted_all(plan.request_ids[:num_admitted])
 
     def _drop_plan(self) -> None:
         if self._plan is not None:

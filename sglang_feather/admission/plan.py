@@ -44,6 +44,8 @@ class PassPlan:
     """The aging guard as it will be once the planned picks are admitted (made when a due check reads it; none
     once the plan is aged, since no due check follows a due pick in its pass)."""
     candidates: list[Candidate] = field(default_factory=list)
+    request_ids: list[RequestId] = field(default_factory=list)
+    """Each pick's request id."""
     groups: list[ChunkHash] = field(default_factory=list)
     """Each pick's prefix group (its first chunk hash)."""
     waits: list[float] = field(default_factory=list)
