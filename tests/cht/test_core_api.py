@@ -2,10 +2,13 @@
 operation streams (every public method, the cache tier included), and the same CHT error for each bad input."""
 
 import ast
+import gc
 import inspect
 import math
 import random
+import sys
 from array import array
+from dataclasses import FrozenInstanceError
 
 import numpy as np
 import pytest
@@ -337,6 +340,27 @@ def test_take_picks_activates_all_but_the_last_and_skips_prefixes_that_run_uncac
     assert [c.request_id for c in taken.candidates] == ["sharer", "b"] and taken.is_exhausted
     assert tree.num_waiting == 0, "exhausted: the last pick was activated too"
     assert tree.take_picks(3, skip_running_uncached=False) == TakenPicks([], [], [], [], True)
+
+
+def test_compiled_candidates_hold_their_request_ids_and_values_once(native_cls):
+    """The compiled core writes a `Candidate`'s fields straight into its slots: each holds one reference to
+    its request id and values, so building and dropping candidates leaves every reference count as it was."""
+    rid = "request-" + str(object())  # a fresh string: no other code holds it
+    tree, twin = native_cls(chunk_size=2), PythonTree(chunk_size=2)
+    for each in (tree, twin):
+        each.insert(rid, [1, 1, 2, 2, 3])
+        each.insert("other", [1, 1, 4, 4])
+        each.activate("other")
+    refs = sys.getrefcount(rid)
+    candidates = [tree.candidate(rid) for _ in range(1000)]
+    assert sys.getrefcount(rid) == refs + 1000
+    assert candidates[0] == twin.candidate(rid) and hash(candidates[0]) == hash(candidates[-1])
+    assert type(candidates[0]) is type(twin.candidate(rid))
+    with pytest.raises(FrozenInstanceError):
+        candidates[0].num_missing = 0
+    del candidates
+    gc.collect()
+    assert sys.getrefcount(rid) == refs
 
 
 def test_take_picks_ends_at_the_pick_that_reaches_max_missing(tree_cls):
