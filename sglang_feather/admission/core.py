@@ -384,7 +384,6 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         if due is not None and candidates:
             plan.took_due()
         plan.candidates += candidates
-        plan.groups += taken.groups
         plan.served(waits)
         if taken.is_exhausted:
             plan.num_activated = len(plan)

@@ -112,14 +112,6 @@ class RunningFootprint:
         self.running[group] = self.running.get(group, 0) + 1
         self.num_running_chunks += num_chunks
 
-    def joined_all(self, groups: list[ChunkHash], num_chunks: int) -> None:
-        """`joined` for each of `groups`, bringing `num_chunks` new running chunks between them."""
-        waiting, running = self.waiting, self.running
-        for group in groups:
-            _decrement(waiting, group)
-            running[group] = running.get(group, 0) + 1
-        self.num_running_chunks += num_chunks
-
     def leaving(self, tree: ChunkedHashTree, request_id: RequestId) -> tuple[ChunkHash, int]:
         """A running request is about to stop running (ask before the tree finishes or deactivates it): its
         group and the chunks no other running request holds. `left` applies them."""
@@ -165,9 +157,6 @@ class NoFootprint:
         return _NO_CHANGE
 
     def joined(self, group: ChunkHash, num_chunks: int) -> None:
-        return None
-
-    def joined_all(self, groups: list[ChunkHash], num_chunks: int) -> None:
         return None
 
     def leaving(self, tree: ChunkedHashTree, request_id: RequestId) -> tuple[ChunkHash, int]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from sglang_feather.cht import Candidate
 from sglang_feather.policy import AgingGuard
-from sglang_feather.types import ChunkHash, RequestId
+from sglang_feather.types import RequestId
 
 # How it works.
 #
@@ -22,8 +22,8 @@ from sglang_feather.types import ChunkHash, RequestId
 # the native core): the guard says how many admissions it takes before even the longest-waiting request could
 # fall due, whatever their waits (`AgingGuard.num_not_due`), and once a due request is among the picks no
 # other is due in the pass, so a due request and the picks after it are one call too (`first`); the guard's
-# copy is only made when a due check has to read it. The plan keeps its
-# picks in columns (candidates, prefix groups, waits, the requests skipped while taking them), not an object
+# copy is only made when a due check has to read it, and dropped once a due request is taken. The plan keeps
+# its picks in columns (candidates, request ids, waits, the requests skipped while taking them), not an object
 # per pick. The engine puts the planned requests where its loop reaches next and its budgets decide how many
 # join: admissions are a prefix of the plan, since its loop stops at the first refusal. `settle(num_admitted,
 # refused)` does for that prefix what `decide` and `accept` do one request at a time (the reward window's
@@ -46,8 +46,6 @@ class PassPlan:
     candidates: list[Candidate] = field(default_factory=list)
     request_ids: list[RequestId] = field(default_factory=list)
     """Each pick's request id."""
-    groups: list[ChunkHash] = field(default_factory=list)
-    """Each pick's prefix group (its first chunk hash)."""
     waits: list[float] = field(default_factory=list)
     skipped: list[RequestId] = field(default_factory=list)
     """Requests skipped (in flight) while taking the picks, in order."""

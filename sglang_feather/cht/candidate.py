@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sglang_feather.cht.checks import checked_count, checked_max_missing
-from sglang_feather.types import ChunkHash, RequestId
+from sglang_feather.types import RequestId
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +54,6 @@ class TakenPicks:
     on the way."""
 
     candidates: list[Candidate]
-    groups: list[ChunkHash]
-    """Each pick's first chunk hash (its prefix group)."""
     skipped: list[RequestId]
     """Requests suspended on the way (their prefix runs uncached), in order."""
     skip_ends: list[int]
@@ -70,7 +68,6 @@ class _Steps(Protocol):
     def is_suspended(self, request_id: RequestId) -> bool: ...
     def suspend(self, request_id: RequestId) -> None: ...
     def activate(self, request_id: RequestId) -> None: ...
-    def prefix_hash(self, request_id: RequestId) -> ChunkHash: ...
 
 
 def take_picks_stepwise(
@@ -83,7 +80,6 @@ def take_picks_stepwise(
     """What `take_picks` does, one `candidate` / `best` / `suspend` / `activate` at a time (the Python core and
     the reference model run this; the compiled core is held to it)."""
     picks: list[Candidate] = []
-    groups: list[ChunkHash] = []
     skipped: list[RequestId] = []
     ends: list[int] = []
     num_missing = 0
@@ -93,10 +89,9 @@ def take_picks_stepwise(
             tree.suspend(first)  # raises: a suspended request cannot be taken
         if max_picks and skip_running_uncached and head.runs_uncached:
             tree.suspend(first)
-            return TakenPicks(picks, groups, [first], ends, False)
+            return TakenPicks(picks, [first], ends, False)
         if max_picks:
             picks.append(head)
-            groups.append(tree.prefix_hash(first))
             ends.append(0)
             num_missing = head.num_missing
     for i in range(len(picks), max_picks):
@@ -110,12 +105,11 @@ def take_picks_stepwise(
             skipped.append(candidate.request_id)
             candidate = tree.best()
         if candidate is None:
-            return TakenPicks(picks, groups, skipped, ends, True)
+            return TakenPicks(picks, skipped, ends, True)
         picks.append(candidate)
-        groups.append(tree.prefix_hash(candidate.request_id))
         ends.append(len(skipped))
         num_missing += candidate.num_missing
-    return TakenPicks(picks, groups, skipped, ends, False)
+    return TakenPicks(picks, skipped, ends, False)
 
 
 class TakesPicks:

@@ -331,7 +331,6 @@ def test_take_picks_activates_all_but_the_last_and_skips_prefixes_that_run_uncac
     taken = tree.take_picks(2, skip_running_uncached=True)
     assert [c.request_id for c in taken.candidates] == ["a", "b"]
     assert taken.skipped == ["sharer"] and taken.skip_ends == [1, 1] and not taken.is_exhausted
-    assert taken.groups == [tree.prefix_hash("a"), tree.prefix_hash("b")]
     assert tree.state("a") is RequestState.ACTIVE and tree.state("b") is RequestState.WAITING
     assert tree.is_suspended("sharer")
     tree.resume_all()
@@ -339,7 +338,7 @@ def test_take_picks_activates_all_but_the_last_and_skips_prefixes_that_run_uncac
     taken = tree.take_picks(5, skip_running_uncached=True)
     assert [c.request_id for c in taken.candidates] == ["sharer", "b"] and taken.is_exhausted
     assert tree.num_waiting == 0, "exhausted: the last pick was activated too"
-    assert tree.take_picks(3, skip_running_uncached=False) == TakenPicks([], [], [], [], True)
+    assert tree.take_picks(3, skip_running_uncached=False) == TakenPicks([], [], [], True)
 
 
 def test_compiled_candidates_hold_their_request_ids_and_values_once(native_cls):

@@ -1017,8 +1017,8 @@ class Core {
         return best_cache_;
     }
 
-    // take_picks(max_picks, skip_running_uncached, max_missing, first) -> (candidates, groups, skipped,
-    // skip_ends, is_exhausted): the Python core's loop of best / suspend / activate (tree.py), with no Python
+    // take_picks(max_picks, skip_running_uncached, max_missing, first) -> (candidates, skipped, skip_ends,
+    // is_exhausted): the Python core's loop of best / suspend / activate (tree.py), with no Python
     // frame per pick; it also ends at the pick whose missing chunks bring the picks' sum to `max_missing`.
     // `first` (a waiting request id, or None) is taken before the ranking's picks, or suspended alone.
     nb::tuple take_picks(int64_t max_picks, bool skip_running_uncached, int64_t max_missing, nb::handle first) {
@@ -1030,7 +1030,7 @@ class Core {
             if (reqs_[head].state != WAITING) raise_state(first, head, nullptr);
             if (reqs_[head].suspended) transition(first, ALREADY_SUSPENDED, WAITING);
         }
-        nb::list picks, groups, skipped, ends;
+        nb::list picks, skipped, ends;
         uint32_t last = NIL;
         int64_t num_missing = 0, i = 0;
         if (head != NIL && max_picks > 0) {
@@ -1039,10 +1039,9 @@ class Core {
             if (skip_running_uncached && std::min(values[2], values[0] - 1) > values[3]) {
                 suspend(head);
                 skipped.append(nb::borrow(first));
-                return nb::make_tuple(picks, groups, skipped, ends, false);
+                return nb::make_tuple(picks, skipped, ends, false);
             }
             picks.append(make_candidate(head, values));
-            groups.append(nb::steal(PyLong_FromUnsignedLongLong(chunk_hash(reqs_[head].path, 0))));
             ends.append(nb::steal(PyLong_FromSsize_t(0)));
             num_missing = values[1];
             last = head;
@@ -1059,14 +1058,13 @@ class Core {
                 skipped.append(nb::borrow(PyList_GET_ITEM(ids_.ptr(), h)));
                 best();
             }
-            if (best_handle_ == NIL) return nb::make_tuple(picks, groups, skipped, ends, true);
+            if (best_handle_ == NIL) return nb::make_tuple(picks, skipped, ends, true);
             last = best_handle_;
             picks.append(best_cache_);
-            groups.append(nb::steal(PyLong_FromUnsignedLongLong(chunk_hash(reqs_[last].path, 0))));
             ends.append(nb::steal(PyLong_FromSsize_t(PyList_GET_SIZE(skipped.ptr()))));
             num_missing += best_values_[1];
         }
-        return nb::make_tuple(picks, groups, skipped, ends, false);
+        return nb::make_tuple(picks, skipped, ends, false);
     }
 
     nb::object candidate_of(nb::handle rid) {
