@@ -27,11 +27,11 @@ from sglang_feather.types import RequestId
 # per pick. The engine puts the planned requests where its loop reaches next and its budgets decide how many
 # join: admissions are a prefix of the plan, since its loop stops at the first refusal. `settle(num_admitted,
 # refused)` does for that prefix what `decide` and `accept` do one request at a time (the reward window's
-# roll, consults, stats, the real guard; a blind stopper keeps no footprint), counts the first refused pick as withdrawn when the loop
-# reached it, and undoes the rest in reverse: deactivated (a deactivated request keeps its place in the
-# ranking) and the requests skipped while taking them resumed and uncounted. The requests skipped while taking
-# a pick stay skipped when the pick before it was admitted: the step-by-step path takes each next pick right
-# after an admission, whether or not the loop then reaches it.
+# roll, consults, stats, the real guard; a blind stopper keeps no footprint), counts the first refused pick as
+# withdrawn when the loop reached it, and undoes the rest in reverse: deactivated (a deactivated request keeps
+# its place in the ranking) and the requests skipped while taking them resumed and uncounted. The requests
+# skipped while taking a pick stay skipped when the pick before it was admitted: the step-by-step path takes
+# each next pick right after an admission, whether or not the loop then reaches it.
 
 
 @dataclass

@@ -51,14 +51,15 @@ SAVE_INTERVAL_S = 30.0
 #
 # With a stopper that adds without looking (`always`, the default) and the cache tier fed, passes are planned
 # ahead instead (`admission/plan.py`): `begin_pass` takes a block of picks at once (one more than SGLang
-# admitted in the last pass) and moves them to the head of the queue in order. The adder only reads
-# whether the request its loop reached is the plan's next one (`planned[k]`, k the plan's admissions so far,
-# which are a prefix of it) and runs SGLang's own `add_one_req`; Feather hears of the plan's first request (`plan_reached`: where the loop's
-# admissions start), of a refusal (`planned_refused`) and of the block's last admission (`planned_all_added`:
-# a block twice as long follows), never of each admission, which it counts from SGLang's `can_run_list`. At the
-# first refusal, when nothing is left to plan, when the loop passes over a planned request, or else at the step
-# end, `settle` books what SGLang admitted and undoes the rest; a pass that goes on after it steps. The
-# admissions are the same as the step path's (tests/sglang/test_planned_pass.py).
+# admitted in the last pass) and moves them to the head of the queue in order. The adder only reads whether
+# the request its loop reached is the plan's next one (`planned[k]`, k the plan's admissions so far, which are
+# a prefix of it) and runs SGLang's own `add_one_req`; Feather hears of the plan's first request
+# (`plan_reached`: where the loop's admissions start), of a refusal (`planned_refused`) and of the block's last
+# admission (`planned_all_added`: a block twice as long follows), never of each admission, which it counts
+# from SGLang's `can_run_list`. At the first refusal, when nothing is left to plan, when the loop passes over a
+# planned request, or else at the step end, `settle` books what SGLang admitted and undoes the rest; a pass
+# that goes on after it steps. The admissions are the same as the step path's
+# (tests/sglang/test_planned_pass.py).
 
 
 class FeatherRuntime(QueueSlots):
