@@ -27,7 +27,6 @@ from sglang_feather.types import RequestId
 logger = logging.getLogger(__name__)
 
 _NUM_MISSING = attrgetter("num_missing")
-_REQUEST_ID = attrgetter("request_id")
 
 # How it works.
 #
@@ -371,16 +370,13 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
             raise RuntimeError("a planned pass was closed to new prefix groups (only a STOP closes one)")
         taken = self.tree.take_picks(num_picks, self._in_flight.enabled, max_missing, due)
         num_skipped = len(plan.skipped)
-        if taken.skipped:
-            plan.skipped += taken.skipped
-            self._skipped += taken.skipped
-            self.stats.num_deferred += len(taken.skipped)
-        plan.skip_ends += [num_skipped + end for end in taken.skip_ends] if num_skipped else taken.skip_ends
+        plan.skipped += taken.skipped
+        plan.skip_ends += [num_skipped + end for end in taken.skip_ends]
+        self._skipped += taken.skipped
+        self.stats.num_deferred += len(taken.skipped)
         candidates = taken.candidates
-        request_ids = list(map(_REQUEST_ID, candidates))
-        plan.request_ids += request_ids
         now, arrivals = self.clock(), self._arrivals
-        waits = [now - arrivals[request_id] for request_id in request_ids]
+        waits = [now - arrivals[candidate.request_id] for candidate in candidates]
         if due is not None and candidates:
             plan.took_due()
         plan.candidates += candidates
@@ -472,7 +468,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         if not isinstance(self.footprint, NoFootprint):
             self.footprint = NoFootprint()
         stats.num_admitted += num_admitted
-        self._in_flight.admitted_all(plan.request_ids[:num_admitted])
+        self._in_flight.admitted_all([candidate.request_id for candidate in admitted])
 
     def _drop_plan(self) -> None:
         if self._plan is not None:

@@ -23,9 +23,9 @@ from sglang_feather.types import RequestId
 # fall due, whatever their waits (`AgingGuard.num_not_due`), and once a due request is among the picks no
 # other is due in the pass, so a due request and the picks after it are one call too (`first`); the guard's
 # copy is only made when a due check has to read it, and dropped once a due request is taken. The plan keeps
-# its picks in columns (candidates, request ids, waits, the requests skipped while taking them), not an object
-# per pick. The engine puts the planned requests where its loop reaches next and its budgets decide how many
-# join: admissions are a prefix of the plan, since its loop stops at the first refusal. `settle(num_admitted,
+# its picks in columns (candidates, waits, the requests skipped while taking them), not an object per pick.
+# The engine puts the planned requests where its loop reaches next and its budgets decide how many join:
+# admissions are a prefix of the plan, since its loop stops at the first refusal. `settle(num_admitted,
 # refused)` does for that prefix what `decide` and `accept` do one request at a time (the reward window's
 # roll, consults, stats, the real guard; a blind stopper keeps no footprint), counts the first refused pick as
 # withdrawn when the loop reached it, and undoes the rest in reverse: deactivated (a deactivated request keeps
@@ -44,8 +44,6 @@ class PassPlan:
     """The aging guard as it will be once the planned picks are admitted (made when a due check reads it; none
     once the plan is aged, since no due check follows a due pick in its pass)."""
     candidates: list[Candidate] = field(default_factory=list)
-    request_ids: list[RequestId] = field(default_factory=list)
-    """Each pick's request id."""
     waits: list[float] = field(default_factory=list)
     skipped: list[RequestId] = field(default_factory=list)
     """Requests skipped (in flight) while taking the picks, in order."""

@@ -105,7 +105,7 @@ class FeatherAdderMixin:
                 if is_planned:  # the plan's first request: the loop's admissions from here on are the plan's
                     feather.plan_reached(can_run)
             else:
-                k = len(can_run) - feather.planned_mark
+                k = len(can_run) - feather.planned_mark  # `num_planned_admitted`, read here without a call
                 is_planned = k < len(planned) and planned[k] is req
             if is_planned:
                 result = super().add_one_req(req, has_chunked_req, truncation_align_size)
