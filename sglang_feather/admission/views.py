@@ -25,6 +25,11 @@ class TreeViews:
     def num_active(self) -> int:
         return self.tree.num_active
 
+    @property
+    def num_running_groups(self) -> int:
+        """Prefix groups (first chunks) the running requests belong to."""
+        return self.tree.num_running_groups
+
     def state(self, request_id: RequestId) -> RequestState | None:
         """WAITING, ACTIVE, or None for a request Feather does not track."""
         return self.tree.state(request_id)

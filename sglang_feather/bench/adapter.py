@@ -34,6 +34,7 @@ def run(
     seed: int,
     stopper: str | None = None,
     progress=None,
+    metrics: bool = False,
 ) -> dict:
     from sglang_feather.offline import bench_adapter as engine
 
@@ -53,6 +54,7 @@ def run(
                     decode_block=decode_block,
                     seed=seed,
                     stopper=stopper,
+                    metrics=metrics,
                 )
                 cells.append(
                     {
@@ -84,6 +86,7 @@ def run(
         "decode_block": decode_block,
         "seed": seed,
         "stopper": stopper,
+        "metrics": metrics,
         "cht_backend": backend_name(),
     }
     return {"meta": meta, "cells": cells, "events": events}
@@ -100,8 +103,8 @@ def markdown(result: dict) -> str:
     meta = result["meta"]
     lines = [
         f"{machine_line(meta)}, CHT core {meta['cht_backend']}, stopper {meta['stopper']}, "
-        f"{meta['repeat']} samples "
-        f"per side, run took {meta['wall_s']:.0f} s.",
+        f"Feather's Prometheus series {'on (--enable-metrics)' if meta.get('metrics') else 'off'}, "
+        f"{meta['repeat']} samples per side, run took {meta['wall_s']:.0f} s.",
         f"Workload: {meta['workload']}.",
         f"SGLang tree cache: {meta['tree_cache']}.",
         f"Pass: {meta['pass']}.",
@@ -140,6 +143,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stopper", help="Feather's stopper (default: Feather's own, always; see bench_adapter.STOPPER)"
     )
+    parser.add_argument(
+        "--metrics",
+        action="store_true",
+        help="Feather's Prometheus series on, as SGLang's --enable-metrics turns them on (default: off, "
+        "SGLang's default)",
+    )
     add_json_flag(parser)
 
 
@@ -152,5 +161,6 @@ def main(args: argparse.Namespace) -> int:
         args.decode_block,
         args.seed,
         args.stopper,
+        metrics=args.metrics,
     )
     return publish(markdown(result), result, args.json)

@@ -43,6 +43,11 @@ def check_tree(tree: PythonTree) -> None:
         _require(node.num_active == num_active[id(node)], f"num_active wrong at depth {node.depth}")
         _require(node.num_waiting == num_waiting[id(node)], f"num_waiting wrong at depth {node.depth}")
         _require(node.num_active + node.num_waiting > 0, f"unreferenced node kept at depth {node.depth}")
+    num_groups = sum(1 for node in tree._nodes.values() if node.depth == 1 and node.num_active > 0)
+    _require(
+        tree.num_running_groups == num_groups,
+        f"{tree.num_running_groups} running groups counted, recount says {num_groups}",
+    )
     _check_shared(tree)
     _check_cache(tree)
     _check_suspended(tree)

@@ -133,6 +133,8 @@ class Paths:
             node.num_active -= 1
             if node.num_active == 0 and not node.cached:
                 left.append(node)
+        if req.path and req.path[0].num_active == 0:
+            self._num_running_groups -= 1
         left.reverse()
         self._reoffer(left)
         self._update_shared_after_leave()

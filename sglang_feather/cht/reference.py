@@ -165,6 +165,9 @@ class ReferenceTree(TakesPicks):
             depth += 1
         return depth
 
+    def num_running_groups(self) -> int:
+        return len({self.hashes[rid][0] for rid in self.ids(RequestState.ACTIVE)})
+
     def eligible(self) -> list[RequestId]:
         return [rid for rid in self.ids(RequestState.WAITING) if rid not in self.suspended]
 

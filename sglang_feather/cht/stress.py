@@ -135,6 +135,7 @@ def _compare(tree: PythonTree, ref: ReferenceTree) -> None:
     assert tree.shared_depth == ref.shared_depth()
     assert tree.num_waiting == len(ref.ids(RequestState.WAITING))
     assert tree.num_active == len(ref.ids(RequestState.ACTIVE))
+    assert tree.num_running_groups == ref.num_running_groups()
     assert tree.num_cached == len(ref.cache)
     for rid in ref.ids(RequestState.WAITING):
         assert tree.candidate(rid) == ref.describe(rid), (tree.candidate(rid), ref.describe(rid))

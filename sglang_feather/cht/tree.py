@@ -65,6 +65,7 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
         self._nodes: dict[ChunkHash, PrefixNode] = {}
         self._requests: dict[RequestId, TrackedRequest] = {}
         self._active: dict[RequestId, TrackedRequest] = {}
+        self._num_running_groups = 0
         self._suspended: dict[RequestId, TrackedRequest] = {}
         self._cache: dict[ChunkHash, ChunkHash | None] = {}
         """The cache tier: every chunk hash the engine's cache holds -> the hash of its parent prefix."""
@@ -94,6 +95,11 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
     @property
     def num_waiting(self) -> int:
         return len(self._requests) - len(self._active)
+
+    @property
+    def num_running_groups(self) -> int:
+        """Prefix groups running requests belong to: first chunks at least one running request holds."""
+        return self._num_running_groups
 
     @property
     def num_suspended(self) -> int:
@@ -289,6 +295,8 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
             node.num_active += 1
             if node.num_active == 1 and not node.cached and depth < first_entered:
                 first_entered = depth
+        if path and path[0].num_active == 1:
+            self._num_running_groups += 1
         # A node that enters coverage needs a global entry only if some waiting request leaves coverage right
         # there (the others are counted at a deeper node of this path).
         for depth in range(first_entered, len(path)):

@@ -111,10 +111,24 @@ def _restore(harness: AdapterHarness, result: PassResult, queue: list) -> list:
     return queue
 
 
-def _build(policy: str, running_prompts, waiting_prompts, stopper: str) -> tuple[AdapterHarness, float]:
+METRICS_LABELS = {"model_name": "bench", "engine_type": "unified", "tp_rank": 0, "pp_rank": 0}
+"""The labels SGLang's scheduler collector gives Feather's series (`--enable-metrics`), with a stand-in name."""
+
+
+def _build(
+    policy: str, running_prompts, waiting_prompts, stopper: str, metrics: bool = False
+) -> tuple[AdapterHarness, float]:
+    """`metrics`: Feather's Prometheus series on, as `--enable-metrics` builds them (each harness in a registry
+    of its own, where a server has one scheduler per process)."""
     harness = AdapterHarness(
         policy, options=FeatherOptions(AdmissionConfig(stopper=stopper)), cached=tuple(running_prompts)
     )
+    if metrics and harness.is_feather:
+        from prometheus_client import CollectorRegistry
+
+        from sglang_feather.sglang.metrics import FeatherMetrics
+
+        harness.runtime.metrics = FeatherMetrics(METRICS_LABELS, registry=CollectorRegistry())
     harness.running.extend(
         make_req(f"r{i}", prompt, max_new_tokens=MAX_NEW_TOKENS) for i, prompt in enumerate(running_prompts)
     )
@@ -135,13 +149,15 @@ def measure_cell(
     decode_block: int = 200,
     seed: int = 0,
     stopper: str = STOPPER,
+    metrics: bool = False,
 ) -> AdapterCell:
+    """One cell (see "how it works"); `metrics`: Feather's sides with their Prometheus series on."""
     rng = np.random.default_rng(seed)
     groups = ZipfGroups.build(rng, [prompt_len * 5 // 8] * NUM_GROUPS, ZIPF_ALPHA)
     running_prompts = [groups.prompt(rng, g, prompt_len) for g in groups.groups(rng, num_running)]
     waiting_prompts = [groups.prompt(rng, g, prompt_len) for g in groups.groups(rng, num_waiting)]
-    feather, arrive_s = _build(FEATHER, running_prompts, waiting_prompts, stopper)
-    step, _ = _build(FEATHER, running_prompts, waiting_prompts, stopper)
+    feather, arrive_s = _build(FEATHER, running_prompts, waiting_prompts, stopper, metrics)
+    step, _ = _build(FEATHER, running_prompts, waiting_prompts, stopper, metrics)
     step.runtime.plans_ahead = False
     baseline, _ = _build(BASELINE, running_prompts, waiting_prompts, stopper)
     del running_prompts, waiting_prompts

@@ -8,8 +8,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_feather.types import ChunkHash
-
 # How it works.
 #
 # SGLang owns the truth: `waiting_queue` (a list of `Req`) and the running batch. The runtime forwards the
@@ -59,7 +57,6 @@ class _QueueNumbers(dict):
 class _Entry:
     req: Any
     num_tokens: int
-    first_hash: ChunkHash
 
 
 class QueueMirror:
@@ -87,10 +84,6 @@ class QueueMirror:
         """`request` of each."""
         entries = self._entries
         return [entries[rid].req for rid in rids]
-
-    def first_hash(self, rid: Any) -> ChunkHash | None:
-        entry = self._entries.get(rid)
-        return entry.first_hash if entry is not None else None
 
     def tracked(self) -> Iterable[Any]:
         return self._entries.keys()
@@ -173,11 +166,10 @@ class QueueMirror:
             self.admission.requeue(req.rid, ids, namespace=namespace)
         else:
             self.admission.enqueue(req.rid, ids, namespace=namespace)
-        first_hash = self.admission.prefix_hash(req.rid)
         replaced = self._entries.get(req.rid)
         if replaced is not None:
             self._seqs.pop(replaced.req, None)
-        self._entries[req.rid] = _Entry(req=req, num_tokens=num_tokens_of(req), first_hash=first_hash)
+        self._entries[req.rid] = _Entry(req=req, num_tokens=num_tokens_of(req))
         self._num_changes += 1
         return True
 

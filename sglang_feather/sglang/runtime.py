@@ -328,14 +328,10 @@ class FeatherRuntime(QueueSlots):
         num_consults, num_group = self.admission.stats.num_consults, self.admission.stats.num_group_consults
         admitted = self.admission.settle(num_admitted, self._refused)
         if self.metrics is not None:
-            for each in admitted:
-                self.metrics.admitted(each.delta)
+            self.metrics.admitted_all([each.delta for each in admitted])
             stats = self.admission.stats
             num_new_group = stats.num_group_consults - num_group
-            for _ in range(num_new_group):
-                self.metrics.consulted(True)
-            for _ in range(stats.num_consults - num_consults - num_new_group):
-                self.metrics.consulted(False)
+            self.metrics.consulted_all(num_new_group, stats.num_consults - num_consults - num_new_group)
 
     def _close_plan(self) -> None:
         self.planned = self.planned_can_run = None
@@ -401,15 +397,14 @@ class FeatherRuntime(QueueSlots):
             self._last_num_admitted = self.admission.stats.num_admitted - self._admitted_before
             self.admission.end_pass()
             self._report_launched()
-            batch, running = plan.batch_to_run, plan.running_batch
+            batch = plan.batch_to_run
             if batch is not None:
                 if batch.forward_mode.is_decode():
                     self._launched = batch.batch_size()
                 else:
                     self._launched = 0
-                    if self.metrics is not None:
-                        runs = batch.reqs if running is None else [*running.reqs, *batch.reqs]
-                        self.metrics.prefix_groups(self._num_groups(runs))
+                    if self.metrics is not None:  # what runs now: the running batch and the prefill batch
+                        self.metrics.prefix_groups(self.admission.num_running_groups)
             now = self.clock()
             if self._needs_rebuild or now - self._last_check >= self.options.self_check_interval_s:
                 self._last_check = now
@@ -436,11 +431,6 @@ class FeatherRuntime(QueueSlots):
             self.admission.on_decode_step(num_tokens)
         else:
             self.admission.on_prefill_step()
-
-    def _num_groups(self, reqs: Sequence[Any]) -> int:
-        groups = {self.mirror.first_hash(req.rid) for req in reqs}
-        groups.discard(None)
-        return len(groups)
 
     def _self_check(self, scheduler: Any, plan: Any) -> None:
         waiting, active = full_picture(scheduler, plan)

@@ -209,6 +209,7 @@ class TreeVsReference(RuleBasedStateMachine):
         self.tree.check_invariants()
         assert self.tree.shared_depth == self.ref.shared_depth()
         assert self.tree.num_active == len(self.ref.ids(RequestState.ACTIVE))
+        assert self.tree.num_running_groups == self.ref.num_running_groups()
         assert self.tree.num_waiting == len(self.ref.ids(RequestState.WAITING))
         assert self.tree.num_suspended == len(self.ref.suspended)
         assert self.tree.oldest() == self.ref.oldest()

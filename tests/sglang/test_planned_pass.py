@@ -8,22 +8,38 @@ import random
 
 import pytest
 from conftest import group_prompt
+from prometheus_client import CollectorRegistry
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
 from sglang_feather.admission import AdmissionConfig
 from sglang_feather.offline.adapter_harness import AdapterHarness
 from sglang_feather.offline.sglang_objects import cache_prompt
 from sglang_feather.offline.sglang_objects import make_req as make_sglang_req
+from sglang_feather.sglang.metrics import FeatherMetrics
 from sglang_feather.sglang.options import FEATHER, FeatherOptions
 
 OPTIONS = FeatherOptions(AdmissionConfig(chunk_size=16, stopper="always", max_wait_s=2.0))
+GROUPS_SUM = ("sglang:feather_prefix_groups_sum", (("model_name", "tiny"),))
 
 
 def harness(plans_ahead: bool, cached: tuple) -> AdapterHarness:
     side = AdapterHarness(FEATHER, options=OPTIONS, cached=cached, allocator_size=4_000)
     assert side.runtime.events is not None, "the cache tier is fed from the tree cache's events"
     side.runtime.plans_ahead = plans_ahead
+    side.runtime.metrics = FeatherMetrics({"model_name": "tiny"}, registry=CollectorRegistry())
     return side
+
+
+def series(side: AdapterHarness) -> dict:
+    """Feather's Prometheus samples (the step times and the reward, timed by the real clock, left out)."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for metric in side.runtime.metrics.registry.collect()
+        for sample in metric.samples
+        if "step_seconds" not in sample.name
+        and sample.name != "sglang:feather_reward_total"
+        and not sample.name.endswith("_created")
+    }
 
 
 def snapshot(side: AdapterHarness) -> tuple:
@@ -57,9 +73,14 @@ def test_the_planned_pass_admits_as_the_step_path(seed):
             prompt = group_prompt(group, 256, rng.randint(8, 400), salt=step * 10 + i)
             for side in (planned, steps):
                 side.arrive(make_sglang_req(f"s{step}-{i}", prompt))
+        groups_before = series(planned).get(GROUPS_SUM, 0.0)
         results = [side.prefill_pass() for side in (planned, steps)]
         admitted = [r.rid for r in results[0].admitted]
         assert admitted == [r.rid for r in results[1].admitted], f"step {step}"
+        if admitted:  # the prefill batch launched: its groups and the running batch's, counted by first chunk
+            runs = [*planned.running, *results[0].admitted]
+            num_groups = len({tuple(req.origin_input_ids[: OPTIONS.admission.chunk_size]) for req in runs})
+            assert series(planned)[GROUPS_SUM] - groups_before == num_groups, f"step {step}"
         num_admitted += len(admitted)
         for side, result in zip((planned, steps), results, strict=True):
             side.merge(result.admitted)
@@ -81,6 +102,9 @@ def test_the_planned_pass_admits_as_the_step_path(seed):
             for i in finished:
                 (side.retract if i in retracted else side.finish)(reqs[i])
         assert snapshot(planned) == snapshot(steps), f"step {step}"
+        assert series(planned) == series(steps), (
+            f"step {step}: the planned pass's metrics are the step path's"
+        )
         num_aged = planned.runtime.admission.stats.num_aged
     assert num_admitted > 200 and planned.runtime.admission.stats.num_withdrawn > 5, "SGLang refused picks"
     assert num_aged > 0, "due requests were served"

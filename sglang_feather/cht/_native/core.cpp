@@ -897,6 +897,7 @@ class Core {
 
     size_t num_requests() const { return num_requests_; }
     size_t num_active() const { return num_active_; }
+    size_t num_running_groups() const { return num_running_groups_; }
     size_t num_suspended() const { return suspended_.size(); }
     size_t num_nodes() const { return num_nodes_; }
     size_t num_tails() const { return tails_.size() - free_tails_.size(); }
@@ -1319,6 +1320,7 @@ class Core {
             --n.num_waiting;
             if (++n.num_active == 1 && !n.cached && d < first_entered) first_entered = d;
         }
+        if (len > 0 && nodes_[path[0]].num_active == 1) ++num_running_groups_;
         // A node that enters coverage needs a global entry only if some waiting request leaves coverage right
         // there (the others are counted at a deeper node of this path).
         for (size_t d = first_entered; d < len; ++d) {
@@ -2094,6 +2096,7 @@ class Core {
             Node& n = nodes_[path[d]];
             if (--n.num_active == 0 && !n.cached) left_.push_back(path[d]);
         }
+        if (!path.empty() && nodes_[path[0]].num_active == 0) --num_running_groups_;
         std::reverse(left_.begin(), left_.end());
         reoffer(left_);
         update_shared_after_leave();
@@ -2595,6 +2598,7 @@ class Core {
     std::vector<GEntry> global_, strangers_;
     std::vector<AEntry> by_arrival_;
     size_t num_requests_ = 0, num_active_ = 0, num_nodes_ = 0;
+    size_t num_running_groups_ = 0;  // first-level nodes with a running request
     uint32_t shared_ = NIL;
     uint64_t next_seq_ = 0, next_serial_ = 0, next_push_ = 0;
     HashScratch scratch_;
@@ -2666,11 +2670,12 @@ std::string Core::check() const {
     REQUIRE(flagged == suspended_.size(), "suspended flags disagree with the suspended list");
     for (size_t i = 0; i < suspended_.size(); ++i)
         REQUIRE(reqs_[suspended_[i]].suspended && reqs_[suspended_[i]].suspended_at == i, "suspended list broken");
-    size_t alive = 0;
+    size_t alive = 0, running_groups = 0;
     for (uint32_t id = 1; id < nodes_.size(); ++id) {
         const Node& n = nodes_[id];
         if (!n.alive) continue;
         alive += n.span;
+        running_groups += n.depth == 1 && n.num_active > 0;
         REQUIRE(n.num_active == num_active[id], "num_active wrong");
         REQUIRE(n.span == 1 || n.num_active + n.num_waiting == 1, "a tail held by more than its owner");
         REQUIRE(n.span == 1 || (!n.has_global && !n.has_stranger), "a tail with a global or stranger key");
@@ -2690,6 +2695,7 @@ std::string Core::check() const {
         REQUIRE(n.span == 1 || !n.cached, "a cached chunk in a tail");
         REQUIRE(n.depth != 1 || levels_[n.side].arrivals.size() <= 4 * live + COMPACT_MIN, "arrival heap unbounded");
     }
+    REQUIRE(running_groups == num_running_groups_, "running group count wrong");
     size_t num_entries = num_nodes_ - num_unindexed;  // every chunk's hash but tails' later ones while unindexed
     REQUIRE(alive == num_nodes_ && index_.size() == num_entries && index_.count_live() == num_entries,
             "node registry size wrong");
@@ -2835,6 +2841,7 @@ NB_MODULE(_core, m) {
         .def(nb::init<int64_t>())
         .def_prop_ro("_num_requests", &Core::num_requests)
         .def_prop_ro("num_active", &Core::num_active)
+        .def_prop_ro("num_running_groups", &Core::num_running_groups)
         .def_prop_ro("num_suspended", &Core::num_suspended)
         .def_prop_ro("num_nodes", &Core::num_nodes)
         .def_prop_ro("num_cached", &Core::num_cached)
