@@ -134,6 +134,7 @@ def _build(
     )
     if harness.is_feather:
         harness.runtime.mirror.sync([], harness.running, complete=True)
+        harness.runtime.drain_events()  # caching the running prompts, not the first arrival's work
     t0 = time.perf_counter()
     for i, prompt in enumerate(waiting_prompts):
         harness.arrive(make_req(str(i), prompt, max_new_tokens=MAX_NEW_TOKENS))
