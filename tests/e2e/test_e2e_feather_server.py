@@ -26,6 +26,7 @@ from sglang_feather.serving.metrics import MetricsSnapshot, scrape
 POLICY = "feather"
 MAX_RUNNING = 48
 ADMISSIONS = "sglang:feather_admissions_total"
+GROUPS = "sglang:feather_prefix_groups"
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +80,13 @@ def test_completes_500_concurrent_shared_prefix_requests(server):
     admitted = delta.total(ADMISSIONS)
     assert admitted is not None, f"{ADMISSIONS} missing: the server did not schedule with Feather"
     assert admitted >= 500
+    # Groups per prefill come from a count the CHT keeps as requests start and stop running: each observation
+    # lies between 1 and the 10 groups sent (a count that leaked would outgrow them over 500 requests).
+    num_prefills = delta.total(GROUPS + "_count")
+    assert num_prefills and delta.total(GROUPS + "_bucket", le="12.0") == num_prefills, (
+        "a prefill with > 12 groups"
+    )
+    assert 1 <= delta.total(GROUPS + "_sum") / num_prefills <= 10
     # The overlap loop drops requests its in-flight batch finishes by length from the running batch before
     # their result is processed; the self-check (at every step here) must not count them as missed events.
     assert delta.total(DRIFT) == 0, "the CHT and SGLang disagreed at a step end: a missed or misread event"
