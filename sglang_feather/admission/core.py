@@ -6,7 +6,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from itertools import compress
-from operator import attrgetter
 
 from sglang_feather.admission.config import AdmissionConfig, StopScope
 from sglang_feather.admission.costs import Footprint, Headroom, NoFootprint, RunningFootprint, observe
@@ -25,8 +24,6 @@ from sglang_feather.policy.persist import load_state
 from sglang_feather.types import RequestId
 
 logger = logging.getLogger(__name__)
-
-_NUM_MISSING = attrgetter("num_missing")
 
 # How it works.
 #
@@ -337,21 +334,19 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         plan = self._plan
         if plan is None:
             plan = self._plan = PassPlan(self._aged_this_pass, batch_size)
-        candidates = plan.candidates  # `_take` extends this list
-        first, missing_left = len(candidates), checked_max_missing(max_missing)
-        while len(candidates) - first < max_picks and missing_left > 0 and not plan.is_exhausted:
-            mark = len(candidates)
-            if plan.num_activated < mark:
-                self.tree.activate(candidates[-1].request_id)
+        first, missing_left = len(plan), checked_max_missing(max_missing)
+        while len(plan) - first < max_picks and missing_left > 0 and not plan.is_exhausted:
+            if plan.num_activated < len(plan):
+                self.tree.activate(plan.candidates[-1].request_id)
                 plan.num_activated += 1
-            num_picks = max_picks - (mark - first)
+            mark, num_picks = len(plan), max_picks - (len(plan) - first)
             num_unguarded = self._num_unguarded(plan, num_picks)
             if num_unguarded:
                 self._take(plan, num_unguarded, missing_left)
             else:
                 self._take_guarded(plan, num_picks, missing_left)
-            missing_left -= sum(map(_NUM_MISSING, candidates[mark:]))
-        return candidates[first:]
+            missing_left -= sum(candidate.num_missing for candidate in plan.candidates[mark:])
+        return plan.candidates[first:]
 
     def _num_unguarded(self, plan: PassPlan, limit: int) -> int:
         """How many of the next picks (up to `limit`) no due check can touch."""
