@@ -90,8 +90,9 @@ class AdmissionConfig:
     due_when_overtaken: bool = option(
         True,
         metavar="on|off",
-        help="Also make a request due (the aging guard serves it first) once it has waited longer than the median "
-        "of the last 16 admitted requests: the ranking is overtaking it (at most one admission in 12 this way)",
+        help="Also make a request with nothing covered (neither running nor cached) due (the aging guard serves it "
+        "first) once it has waited longer than the median of the last 16 admitted requests: the ranking is "
+        "overtaking it (at most one admission in 12 this way)",
         parse=parse_on_off,
         check=boolean,
     )

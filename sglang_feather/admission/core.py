@@ -177,8 +177,9 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         oldest = tree.oldest()
         if oldest is None:
             return None
-        if self._is_due(oldest, guard, is_aged):
-            due = tree.candidate(self._due_request(oldest, guard, is_aged))
+        due_request = self._due_request(oldest, guard, is_aged)
+        if due_request is not None:
+            due = tree.candidate(due_request)
             if not self._in_flight.is_in_flight(tree, due, cached_tokens):
                 return Pick(due, is_aged=True)
             self._skip(due.request_id)  # its prefix is being computed: it is due again next pass
@@ -203,7 +204,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         candidate = self.tree.candidate(request_id)
         if self._in_flight.is_in_flight(self.tree, candidate, cached_tokens):
             return Pick(candidate, is_aged=False, is_deferred=True)
-        return Pick(candidate, is_aged=self._is_due(request_id, self.guard, self._aged_this_pass))
+        return Pick(candidate, is_aged=self._is_due(candidate, self.guard, self._aged_this_pass))
 
     def decide(self, pick: Pick, batch_size: int, headroom: Headroom | None = None) -> Proposal:
         """The stopper's verdict on `pick` joining a batch of `batch_size` (an aged pick is added, a deferred
@@ -243,18 +244,25 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
             self._decided_this_pass = True
             self._window.roll()
 
-    def _is_due(self, request_id: RequestId, guard: AgingGuard, is_aged: bool) -> bool:
-        """`guard` serves this request now: it is due and no due request was admitted in this pass (`is_aged`);
-        the admission's own guard and flag, or their stand-ins while a pass is planned ahead."""
-        return not is_aged and guard.is_starved(self.wait_s(request_id))
+    def _is_due(self, candidate: Candidate, guard: AgingGuard, is_aged: bool) -> bool:
+        """`guard` serves this request now: it is due (a stranger by the bound or the overtaken rule, any other
+        by the bound) and no due request was admitted in this pass (`is_aged`); the admission's own guard and
+        flag, or their stand-ins while a pass is planned ahead."""
+        if is_aged:
+            return False
+        wait_s = self.wait_s(candidate.request_id)
+        return guard.is_starved(wait_s) if candidate.is_stranger else guard.reached_bound(wait_s)
 
-    def _due_request(self, oldest: RequestId, guard: AgingGuard, is_aged: bool) -> RequestId:
-        """The request the guard serves when `oldest` is due: the oldest one with nothing covered if it is due
-        too (the ranking serves it last; a covered request's group keeps being served), else `oldest`."""
+    def _due_request(self, oldest: RequestId, guard: AgingGuard, is_aged: bool) -> RequestId | None:
+        """The request `guard` serves now, `oldest` the longest-waiting one: the oldest stranger once it is due
+        (the ranking serves it last), else `oldest` once it reached the bound; None when neither is (or a due
+        request was admitted in this pass)."""
+        if is_aged or not guard.is_starved(self.wait_s(oldest)):
+            return None  # no stranger waited that long, and the bound is no earlier than a stranger's due
         stranger = self.tree.oldest_stranger()
-        if stranger is not None and stranger != oldest and self._is_due(stranger, guard, is_aged):
+        if stranger is not None and guard.is_starved(self.wait_s(stranger)):
             return stranger
-        return oldest
+        return oldest if guard.reached_bound(self.wait_s(oldest)) else None
 
     def skip(self, proposal: Proposal | Pick) -> None:
         """Pass over a request (deferred, or one the engine's loop passed over) until the pass ends."""
@@ -294,7 +302,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         if is_aged:
             self.stats.num_aged += 1
             self._aged_this_pass = True
-            self.guard.admitted(wait_s)
+            self.guard.admitted(wait_s, candidate.is_stranger)
         self.guard.served(wait_s)
 
     def decline(self, proposal: Proposal) -> bool:
@@ -349,13 +357,21 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         return plan.candidates[first:]
 
     def _num_unguarded(self, plan: PassPlan, limit: int) -> int:
-        """How many of the next picks (up to `limit`) no due check can touch."""
+        """How many of the next picks (up to `limit`) no due check can touch: none once a request reached the
+        bound; else as many as the overtaken rule leaves the oldest stranger not due (all without strangers:
+        picks only add coverage, so none appears in the pass)."""
         if plan.is_aged:
             return limit
         oldest = self.tree.oldest()
         if oldest is None:
             return 0
-        return plan.guard_now(self.guard).num_not_due(self.wait_s(oldest), limit)
+        guard = plan.guard_now(self.guard)
+        if guard.reached_bound(self.wait_s(oldest)):
+            return 0
+        stranger = self.tree.oldest_stranger()
+        if stranger is None:
+            return limit
+        return guard.num_not_due(self.wait_s(stranger), limit)
 
     def _take(self, plan: PassPlan, num_picks: int, max_missing: int, due: RequestId | None = None) -> None:
         """Up to `num_picks` picks in one call of the tree, the last the one whose missing chunks bring their
@@ -389,10 +405,10 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         if oldest is None:
             plan.is_exhausted = True
             return
-        guard = plan.guard_now(self.guard)
-        if self._is_due(oldest, guard, plan.is_aged):
+        due = self._due_request(oldest, plan.guard_now(self.guard), plan.is_aged)
+        if due is not None:
             mark = len(plan)
-            self._take(plan, num_picks, max_missing, self._due_request(oldest, guard, plan.is_aged))
+            self._take(plan, num_picks, max_missing, due)
             if len(plan) > mark:
                 return
         self._take(plan, 1, max_missing)
@@ -440,7 +456,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
             guard.served_all(waits[:aged])
             stats.num_aged += 1
             self._aged_this_pass = True
-            guard.admitted(waits[aged])
+            guard.admitted(waits[aged], plan.candidates[aged].is_stranger)
             guard.served_all(waits[aged:])
         admitted = plan.candidates[:num_admitted]
         num_decided = num_admitted - (aged is not None)  # picks the stopper decided on: all but the aged one

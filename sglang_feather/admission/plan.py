@@ -19,8 +19,9 @@ from sglang_feather.types import RequestId
 # `settle`, so a refused last pick costs nothing to undo), and its wait is fed to a copy of the guard (a
 # request that falls due mid-pass, as the median of served waits drops, is served where the step-by-step path
 # serves it). Picks that no due check can touch are taken in one call of the tree (`take_picks`, compiled in
-# the native core): the guard says how many admissions it takes before even the longest-waiting request could
-# fall due, whatever their waits (`AgingGuard.num_not_due`), and once a due request is among the picks no
+# the native core): while no request reached the bound, the guard says how many admissions it takes before even
+# the longest-waiting stranger could fall due, whatever their waits (`AgingGuard.num_not_due`; without strangers
+# none can: picks only add coverage), and once a due request is among the picks no
 # other is due in the pass, so a due request and the picks after it are one call too (`first`); the guard's
 # copy is only made when a due check has to read it, and dropped once a due request is taken. The plan keeps
 # its picks in columns (candidates, waits, the requests skipped while taking them), not an object per pick.

@@ -40,6 +40,11 @@ class Candidate:
         return self.depth_running == 0
 
     @property
+    def is_stranger(self) -> bool:
+        """Nothing of it is covered, neither running nor cached: the ranking serves it last."""
+        return self.depth_running == 0 and self.depth_cached == 0
+
+    @property
     def runs_uncached(self) -> bool:
         """Running requests hold chunks of its prompt that the cache does not: their prefill is still computing
         them. A cache never holds a whole prompt (its last token is always computed), so a prompt that running

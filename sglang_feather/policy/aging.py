@@ -21,18 +21,21 @@ of the starvation trace that keeps up; larger ones gave more of the ranking's or
 
 # How it works.
 #
-# A request is *due* once its wait reaches `max_wait_s - lead_s`, or, with `when_overtaken` (the default), once
-# it has waited longer than the median of the last LEAD_WINDOW admitted requests and none of the last
-# OVERTAKEN_EVERY admissions was itself served as overtaken: the ranking is overtaking it (it shares nothing
-# cached or running, or its group is smaller than the others), and arrival order would have served it by now.
-# So at most one admission in OVERTAKEN_EVERY comes from the overtaken rule: a rare cold prompt among hot groups
-# is served within a few admissions, while a queue that is slow for everyone (overload, a closed-loop client,
-# where most waiting requests have waited longer than the last ones served) keeps the rest of its admissions in
-# the ranking's order instead of turning first come, first served. The admission
-# component serves at most one due request per scheduling pass before it consults the ranking, and defers it
-# only while running requests are still computing the prefix it shares with them (a pass; it is due again in
-# the next): the oldest request with nothing covered (the one the ranking serves last) when it is due, else the
-# oldest. The requests that share its prefix then rank first by coverage and follow it. An engine may still
+# A request is *due* once its wait reaches `max_wait_s - lead_s` (the bound, for every request). A *stranger*
+# (a request with nothing covered, neither running nor cached: the one the ranking serves last) is also due,
+# with `when_overtaken` (the default), once it has waited longer than the median of the last LEAD_WINDOW
+# admitted requests and none of the last OVERTAKEN_EVERY admissions was itself served as overtaken: the
+# ranking is overtaking it, and arrival order would have served it by now. A covered request is never
+# overtaken in that sense: the ranking serves its group by depth and size, so it is due at the bound alone
+# (serving a small group's request early only mixes another prefix into the batch; on 32 Zipf groups under a
+# backlog that rule cost 10 % of the throughput and doubled the groups per decode step, docs/policy.md). At
+# most one admission in OVERTAKEN_EVERY comes from the overtaken rule: a rare cold prompt among hot groups is
+# served within a few admissions, while a queue that is slow for everyone (overload, a closed-loop client)
+# keeps the rest of its admissions in the ranking's order instead of turning first come, first served. The
+# admission component serves at most one due request per scheduling pass before it consults the ranking, and
+# defers it only while running requests are still computing the prefix it shares with them (a pass; it is
+# due again in the next): the oldest stranger when it is due, else the oldest request once it reached the
+# bound. The requests that share its prefix then rank first by coverage and follow it. An engine may still
 # refuse a due request (its KV room is short) until running requests finish; the pass then ends there, so the
 # room that frees goes to it first. The time from falling due to admission is that wait for room plus the wait
 # for a pass of its own. `lead_s` is the longest such delay over the last LEAD_WINDOW aged admissions (at most
@@ -48,8 +51,10 @@ def _median(ordered: list[float]) -> float:
 
 
 class AgingGuard:
-    """`is_starved(wait_s)` is true from `due_wait_s` on (inclusive); `max_wait_s=None` turns the guard off.
-    `admitted(wait_s)` reports an aged admission, which updates the lead; `served(wait_s)` any admission."""
+    """`is_starved(wait_s)` (a stranger: the bound or the overtaken rule) is true from `due_wait_s` on,
+    `reached_bound(wait_s)` (any request) from `bound_wait_s` on (both inclusive); `max_wait_s=None` turns the
+    guard off. `admitted(wait_s, stranger)` reports an aged admission, which updates the lead; `served(wait_s)`
+    any admission."""
 
     def __init__(self, max_wait_s: float | None = DEFAULT_MAX_WAIT_S, when_overtaken: bool = True) -> None:
         if max_wait_s is not None and not (
@@ -75,8 +80,13 @@ class AgingGuard:
 
     @property
     def due_wait_s(self) -> float | None:
-        """The wait from which a request is due (None: the guard is off)."""
+        """The wait from which a stranger is due: the bound, or earlier by the overtaken rule (None: off)."""
         return self._due_s
+
+    @property
+    def bound_wait_s(self) -> float | None:
+        """The wait from which any request is due: the bound less the lead (None: the guard is off)."""
+        return None if self.max_wait_s is None else self.max_wait_s - self.lead_s
 
     def _update_due(self) -> None:
         if self.max_wait_s is None:
@@ -117,15 +127,23 @@ class AgingGuard:
             self._update_due()
 
     def is_starved(self, wait_s: float) -> bool:
+        """A stranger that waited `wait_s` is due (`due_wait_s`); no request is due before this is true."""
         if math.isnan(wait_s):
             raise ValueError("AgingGuard.is_starved: wait_s is NaN")
         due = self._due_s
         return due is not None and wait_s >= due
 
+    def reached_bound(self, wait_s: float) -> bool:
+        """Any request that waited `wait_s` is due (`bound_wait_s`)."""
+        if math.isnan(wait_s):
+            raise ValueError("AgingGuard.reached_bound: wait_s is NaN")
+        return self.max_wait_s is not None and wait_s >= self.max_wait_s - self.lead_s
+
     def num_not_due(self, wait_s: float, limit: int) -> int:
-        """How many of the next admissions (up to `limit`) leave a request that waited `wait_s` not due when
+        """How many of the next admissions (up to `limit`) leave a stranger that waited `wait_s` not due when
         each is chosen (after the ones before it were `served`), whatever their waits: what a planned pass may
-        take without a due check when `wait_s` is the longest wait in the queue. The due wait only changes
+        take without a due check when `wait_s` is the longest wait of a stranger in the queue and no request
+        reached the bound (which no `served` moves). The due wait only changes
         through `served` where the overtaken rule is open (the window is full and the rule's budget is
         spent), and it falls fastest when every wait served is shorter than all the guard kept: so the count
         is where that case would make `wait_s` due."""
@@ -153,11 +171,12 @@ class AgingGuard:
         # From `mid` new waits on, the median's lower half would be all new, shorter waits: it could be due.
         return min(limit, max(first_open, mid))
 
-    def admitted(self, wait_s: float) -> None:
-        """A due request was admitted after waiting `wait_s`: the delay since it fell due sets the lead, and one
-        due by the overtaken rule alone (short of `max_wait_s - lead_s`) closes that rule for OVERTAKEN_EVERY
-        admissions (this one included). Report it before `served`."""
-        due = self.due_wait_s
+    def admitted(self, wait_s: float, stranger: bool = True) -> None:
+        """A due request was admitted after waiting `wait_s`: the delay since it fell due (a `stranger` by
+        `due_wait_s`, any other by `bound_wait_s`) sets the lead, and one due by the overtaken rule alone (short
+        of the bound) closes that rule for OVERTAKEN_EVERY admissions (this one included). Report it before
+        `served`."""
+        due = self.due_wait_s if stranger else self.bound_wait_s
         if due is None or math.isnan(wait_s):
             return
         if wait_s < self.max_wait_s - self.lead_s:

@@ -134,6 +134,33 @@ def test_a_due_stranger_takes_the_guards_slot_before_an_older_covered_request():
     assert adm.propose(batch_size=2).request_id == "hot"
 
 
+def test_the_overtaken_rule_serves_strangers_only():
+    """A small group's request that the heavier group overtakes waits for the ranking until the bound (serving
+    it early only mixes its prefix into the batch); a stranger, which the ranking would serve last, is due once
+    it waited longer than the recent admissions."""
+    adm, clock = make(max_wait_s=100.0, defer_uncached_prefix=False)
+    for i in range(5):
+        adm.enqueue(f"a_run{i}", GROUP_A + [i])
+    adm.enqueue("b_run", GROUP_B + [0])
+    adm.select(0)
+    adm.enqueue("b_small", GROUP_B + [1])
+    running = 6
+    for i in range(20):  # a window of admissions that waited 0 s: the overtaken rule is open from the 16th
+        clock.now += 1.0
+        adm.enqueue(f"a{i}", GROUP_A + [100 + i])
+        assert adm.select(running, max_requests=1).admitted == (f"a{i}",), "the heavier group first"
+        running += 1
+    assert adm.is_waiting("b_small") and adm.stats.num_aged == 0, "covered: not due before the bound"
+    adm.enqueue("cold", [3] * 32)
+    clock.now += 1.0
+    plan = adm.select(running, max_requests=1)
+    assert plan.admitted == ("cold",) and adm.stats.num_aged == 1, "a stranger overtaken is due"
+    clock.now = 100.0
+    adm.enqueue("a_late", GROUP_A + [999])
+    plan = adm.select(running + 1, max_requests=1)
+    assert plan.admitted == ("b_small",) and adm.stats.num_aged == 2, "due at the bound"
+
+
 def test_the_guard_learns_a_lead_from_late_admissions():
     adm, clock = make(max_wait_s=10.0)
     adm.enqueue("old", GROUP_B + [1])
