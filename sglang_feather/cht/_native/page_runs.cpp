@@ -138,7 +138,12 @@ class PageMap {
         while ((size_ + n) * 2 > slots_.size()) grow();
     }
 
-    void prefetch(uint64_t key) const { FEATHER_PREFETCH(&slots_[mix(key) & (slots_.size() - 1)], 1); }
+    // The key's home slot and the line after it (a probe or a deletion's backward shift runs into it).
+    void prefetch(uint64_t key) const {
+        size_t i = mix(key) & (slots_.size() - 1);
+        FEATHER_PREFETCH(&slots_[i], 1);
+        FEATHER_PREFETCH(&slots_[(i + SLOTS_PER_LINE) & (slots_.size() - 1)], 1);
+    }
 
     // Maps `key` to `place`; returns the place it had (run 0: none).
     Place put(uint64_t key, Place place) {
@@ -195,6 +200,7 @@ class PageMap {
         uint64_t key = 0;
         Place place;
     };
+    static constexpr size_t SLOTS_PER_LINE = 64 / sizeof(Slot);
     static uint64_t mix(uint64_t x) {
         x ^= x >> 33;
         x *= 0xff51afd7ed558ccdULL;
