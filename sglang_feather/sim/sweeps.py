@@ -100,42 +100,33 @@ def _batch_order() -> Iterator[Case]:
                 yield Case(f"{gpu} {label} {order}", workload, knobs, EngineConfig(batch_order=order), gpu)
 
 
+_GSP_32ZIPF = WorkloadConfig(
+    SharedPrefixSpec(
+        num_groups=32,
+        num_requests=2000,
+        prefix_len=4096,
+        question_len=128,
+        output_len=128,
+        popularity="zipf",
+        zipf_alpha=1.1,
+        rate=40.0,
+    )
+)
+
 KV_PRESSURE = {
     "rag": WorkloadConfig(
         SharedPrefixSpec(zipf_alpha=0.9, num_requests=1000, rate=25.0, question_len=128, output_len=128),
         num_docs=700,
         doc_len_range=(2048, 16384),
     ),
-    "gsp-32zipf": WorkloadConfig(
-        SharedPrefixSpec(
-            num_groups=32,
-            num_requests=2000,
-            prefix_len=4096,
-            question_len=128,
-            output_len=128,
-            popularity="zipf",
-            zipf_alpha=1.1,
-            rate=40.0,
-        )
-    ),
+    "gsp-32zipf": _GSP_32ZIPF,
     "chat": WorkloadConfig(
         SharedPrefixSpec(
             num_requests=150, num_turns=5, prefix_len=1024, question_len=512, output_len=256, rate=5.0
         ),
         think_s=5.0,
     ),
-    "gsp-32zipf-4000": WorkloadConfig(
-        SharedPrefixSpec(
-            num_groups=32,
-            num_requests=4000,
-            prefix_len=4096,
-            question_len=128,
-            output_len=128,
-            popularity="zipf",
-            zipf_alpha=1.1,
-            rate=40.0,
-        )
-    ),
+    "gsp-32zipf-4000": _GSP_32ZIPF.with_spec(num_requests=4000),
 }
 """Issue 21's KV-limited shapes, smaller (so a 2-core machine runs them): RAG (700 documents of 2K-16K
 tokens, Zipf 0.9, Poisson 25 req/s, 1,000 requests), 32 groups with 4K system prompts and Zipf(1.1)
