@@ -28,7 +28,7 @@ of the starvation trace that keeps up; larger ones gave more of the ranking's or
 # ranking is overtaking it, and arrival order would have served it by now. A covered request is never
 # overtaken in that sense: the ranking serves its group by depth and size, so it is due at the bound alone
 # (serving a small group's request early only mixes another prefix into the batch; on 32 Zipf groups under a
-# backlog that rule cost 10 % of the throughput and doubled the groups per decode step, docs/policy.md). At
+# backlog that rule cost 6 % of the throughput and 40 % more groups per decode step, docs/policy.md). At
 # most one admission in OVERTAKEN_EVERY comes from the overtaken rule: a rare cold prompt among hot groups is
 # served within a few admissions, while a queue that is slow for everyone (overload, a closed-loop client)
 # keeps the rest of its admissions in the ranking's order instead of turning first come, first served. The
