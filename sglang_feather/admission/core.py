@@ -257,12 +257,15 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         """The request `guard` serves now, `oldest` the longest-waiting one: the oldest stranger once it is due
         (the ranking serves it last), else `oldest` once it reached the bound; None when neither is (or a due
         request was admitted in this pass)."""
-        if is_aged or not guard.is_starved(self.wait_s(oldest)):
+        if is_aged:
+            return None
+        oldest_wait_s = self.wait_s(oldest)
+        if not guard.is_starved(oldest_wait_s):
             return None  # no stranger waited that long, and the bound is no earlier than a stranger's due
         stranger = self.tree.oldest_stranger()
         if stranger is not None and guard.is_starved(self.wait_s(stranger)):
             return stranger
-        return oldest if guard.reached_bound(self.wait_s(oldest)) else None
+        return oldest if guard.reached_bound(oldest_wait_s) else None
 
     def skip(self, proposal: Proposal | Pick) -> None:
         """Pass over a request (deferred, or one the engine's loop passed over) until the pass ends."""

@@ -92,7 +92,7 @@ class AgingGuard:
         if self.max_wait_s is None:
             self._due_s = None
             return
-        due = self.max_wait_s - self.lead_s
+        due = self.bound_wait_s
         if (
             self.when_overtaken
             and len(self._recent) == LEAD_WINDOW
@@ -137,7 +137,8 @@ class AgingGuard:
         """Any request that waited `wait_s` is due (`bound_wait_s`)."""
         if math.isnan(wait_s):
             raise ValueError("AgingGuard.reached_bound: wait_s is NaN")
-        return self.max_wait_s is not None and wait_s >= self.max_wait_s - self.lead_s
+        bound = self.bound_wait_s
+        return bound is not None and wait_s >= bound
 
     def num_not_due(self, wait_s: float, limit: int) -> int:
         """How many of the next admissions (up to `limit`) leave a stranger that waited `wait_s` not due when
@@ -155,7 +156,7 @@ class AgingGuard:
         if not self.when_overtaken:
             return limit
         recent = self._recent
-        bound = self.max_wait_s - self.lead_s
+        bound = self.bound_wait_s
         mid = LEAD_WINDOW // 2
         first_open = max(1, LEAD_WINDOW - len(recent), OVERTAKEN_EVERY - self._num_since_overtaken)
         kept = self._ordered.copy()
@@ -179,7 +180,7 @@ class AgingGuard:
         due = self.due_wait_s if stranger else self.bound_wait_s
         if due is None or math.isnan(wait_s):
             return
-        if wait_s < self.max_wait_s - self.lead_s:
+        if wait_s < self.bound_wait_s:
             self._num_since_overtaken = 0
         self._delays.append(max(0.0, wait_s - due))
         self.lead_s = min(max(self._delays), self.max_wait_s / 2)
