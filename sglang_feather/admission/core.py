@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from itertools import compress
 
 from sglang_feather.admission.config import AdmissionConfig, StopScope
 from sglang_feather.admission.costs import Footprint, Headroom, NoFootprint, RunningFootprint, observe
@@ -465,18 +464,21 @@ class Admission(Lifecycle, TreeViews, LearningHooks):
         num_decided = num_admitted - (aged is not None)  # picks the stopper decided on: all but the aged one
         if num_decided:
             self._roll_window_once()
-        # `_count_consult` for each decided pick, in list passes: pick i joins a batch of `batch_size + i`,
-        # and `is_forced_case` is a batch of none, or no new group and no depth lost.
-        deltas = [candidate.depth_before - candidate.depth_after for candidate in admitted]
-        adds_group = [candidate.depth_running == 0 for candidate in admitted]
-        consulted = [new or delta != 0 for new, delta in zip(adds_group, deltas, strict=True)]
-        if plan.batch_size == 0:
-            consulted[0] = False
-        if aged is not None:
-            consulted[aged] = False
-        stats.num_consults += sum(consulted)
-        stats.num_group_consults += sum(compress(adds_group, consulted))
-        stats.sum_delta += sum(deltas)
+        # `_count_consult` for each decided pick, in one loop (a cold pass reads each candidate once): pick i
+        # joins a batch of `batch_size + i`, and `is_forced_case` is a batch of none, or no new group and no
+        # depth lost.
+        forced = 0 if plan.batch_size == 0 else None  # the pick that joins an empty batch, if any
+        num_consults = num_group_consults = sum_delta = 0
+        for i, candidate in enumerate(admitted):
+            delta = candidate.depth_before - candidate.depth_after
+            sum_delta += delta
+            adds_group = candidate.depth_running == 0
+            if (adds_group or delta) and i != aged and i != forced:
+                num_consults += 1
+                num_group_consults += adds_group
+        stats.num_consults += num_consults
+        stats.num_group_consults += num_group_consults
+        stats.sum_delta += sum_delta
         # A planned pass's stopper is blind and reads no footprint: one still kept (a stopper made blind in
         # place) is not booked here, so it goes; `_counted_footprint` counts it again if one is shown.
         if not isinstance(self.footprint, NoFootprint):
