@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sglang_feather.cht import Candidate
+from sglang_feather.admission.costs import Footprint, NoFootprint
+from sglang_feather.admission.deferral import InFlightCheck
+from sglang_feather.admission.results import AdmissionStats
+from sglang_feather.cht import Candidate, ChunkedHashTree
+from sglang_feather.cht.checks import checked_max_missing
 from sglang_feather.policy import AgingGuard
+from sglang_feather.policy.base import Decision, StoppingPolicy
 from sglang_feather.types import RequestId
 
 # How it works.
@@ -90,3 +96,195 @@ class PassPlan:
         if num_admitted >= len(self.candidates):
             return []
         return self.skipped[self.skip_ends[num_admitted] :]
+
+
+class Planning:
+    """Mixed into `Admission`: a pass planned ahead (`plan_ahead`, then `settle`), with the same admissions,
+    counts and guard as the step-by-step path (see "how it works")."""
+
+    tree: ChunkedHashTree
+    guard: AgingGuard
+    stopper: StoppingPolicy
+    stats: AdmissionStats
+    footprint: Footprint
+    clock: Callable[[], float]
+    _arrivals: dict[RequestId, float]
+    _skipped: list[RequestId]
+    _in_flight: InFlightCheck
+    _plan: PassPlan | None
+    _aged_this_pass: bool
+    _groups_closed: bool
+    wait_s: Callable[[RequestId], float]
+    _due_request: Callable[[RequestId, AgingGuard, bool], RequestId | None]
+    _count_decision: Callable[[Candidate, int], None]
+    _roll_window_once: Callable[[], None]
+
+    @property
+    def can_plan(self) -> bool:
+        """Whether passes can be planned ahead: the stopper adds without looking (`blind_decision` ADD) and
+        the in-flight check asks the engine nothing (it reads the cache tier, or is off)."""
+        return self.stopper.blind_decision is Decision.ADD and not self._in_flight.needs_engine
+
+    def plan_ahead(self, batch_size: int, max_picks: int, max_missing: int | None = None) -> list[Candidate]:
+        """Up to `max_picks` more picks of this pass, each taken as `next_pick` takes it once the picks before
+        it were accepted (each is activated in the tree before the next is taken; the last when the plan goes
+        on, or at `settle`); `batch_size` is what runs when the pass began (read on the pass's first call).
+        With `max_missing` (>= 1; the engine's prefill budget in chunks), the pick whose missing chunks bring
+        this call's sum to it is the last. Empty when nothing (not skipped) is left. Needs `can_plan`;
+        `settle` ends it."""
+        if not self.can_plan:
+            raise ValueError("plan_ahead needs a stopper that adds without looking and no engine-asked check")
+        plan = self._plan
+        if plan is None:
+            plan = self._plan = PassPlan(self._aged_this_pass, batch_size)
+        first, missing_left = len(plan), checked_max_missing(max_missing)
+        while len(plan) - first < max_picks and missing_left > 0 and not plan.is_exhausted:
+            if plan.num_activated < len(plan):
+                self.tree.activate(plan.candidates[-1].request_id)
+                plan.num_activated += 1
+            mark, num_picks = len(plan), max_picks - (len(plan) - first)
+            num_unguarded = self._num_unguarded(plan, num_picks)
+            if num_unguarded:
+                self._take(plan, num_unguarded, missing_left)
+            else:
+                self._take_guarded(plan, num_picks, missing_left)
+            missing_left -= sum(candidate.num_missing for candidate in plan.candidates[mark:])
+        return plan.candidates[first:]
+
+    def _num_unguarded(self, plan: PassPlan, limit: int) -> int:
+        """How many of the next picks (up to `limit`) no due check can touch: none once a request reached the
+        bound; else as many as the overtaken rule leaves the oldest stranger not due (all without strangers:
+        picks only add coverage, so none appears in the pass)."""
+        if plan.is_aged:
+            return limit
+        oldest = self.tree.oldest()
+        if oldest is None:
+            return 0
+        guard = plan.guard_now(self.guard)
+        if guard.reached_bound(self.wait_s(oldest)):
+            return 0
+        stranger = self.tree.oldest_stranger()
+        if stranger is None:
+            return limit
+        return guard.num_not_due(self.wait_s(stranger), limit)
+
+    def _take(self, plan: PassPlan, num_picks: int, max_missing: int, due: RequestId | None = None) -> None:
+        """Up to `num_picks` picks in one call of the tree, the last the one whose missing chunks bring their
+        sum to `max_missing`: the ranking's (no due check can touch them), after `due` (the guard's, which
+        then makes every other pick of the pass unguarded) unless it is in flight, when it alone is skipped."""
+        if self._groups_closed:
+            raise RuntimeError("a planned pass was closed to new prefix groups (only a STOP closes one)")
+        taken = self.tree.take_picks(num_picks, self._in_flight.enabled, max_missing, due)
+        num_skipped = len(plan.skipped)
+        plan.skipped += taken.skipped
+        plan.skip_ends += [num_skipped + end for end in taken.skip_ends]
+        self._skipped += taken.skipped
+        self.stats.num_deferred += len(taken.skipped)
+        candidates = taken.candidates
+        now, arrivals = self.clock(), self._arrivals
+        waits = [now - arrivals[candidate.request_id] for candidate in candidates]
+        if due is not None and candidates:
+            plan.took_due()
+        plan.candidates += candidates
+        plan.served(waits)
+        if taken.is_exhausted:
+            plan.num_activated = len(plan)
+            plan.is_exhausted = True
+        elif candidates:
+            plan.num_activated = len(plan) - 1
+
+    def _take_guarded(self, plan: PassPlan, num_picks: int, max_missing: int) -> None:
+        """The next picks as `next_pick` takes them, with the plan's copy of the guard: the due request and the
+        ranking's picks after it, or (nothing due, or the due one in flight and skipped) one ranking pick."""
+        oldest = self.tree.oldest()
+        if oldest is None:
+            plan.is_exhausted = True
+            return
+        due = self._due_request(oldest, plan.guard_now(self.guard), plan.is_aged)
+        if due is not None:
+            mark = len(plan)
+            self._take(plan, num_picks, max_missing, due)
+            if len(plan) > mark:
+                return
+        self._take(plan, 1, max_missing)
+
+    @property
+    def num_planned(self) -> int:
+        return 0 if self._plan is None else len(self._plan)
+
+    def settle(self, num_admitted: int, refused: bool) -> list[Candidate]:
+        """The engine admitted the first `num_admitted` planned picks (`refused`: its loop reached the next one
+        and its budget refused it). Books them as `decide` and `accept` would have, counts the refused one as
+        withdrawn, undoes the rest (plan.py); returns the admitted ones. The pass may go on step by step."""
+        plan = self._plan
+        num_planned = 0 if plan is None else len(plan)
+        if not 0 <= num_admitted <= num_planned:
+            raise ValueError(f"settle: {num_admitted} admitted of {num_planned} planned picks")
+        if plan is None:
+            return []
+        self._plan = None
+        candidates, tree = plan.candidates, self.tree
+        for candidate in reversed(candidates[num_admitted : plan.num_activated]):
+            tree.deactivate(candidate.request_id)
+        for candidate in candidates[plan.num_activated : num_admitted]:
+            tree.activate(candidate.request_id)
+        for rid in plan.skipped_after(num_admitted):
+            self._unskip(rid)
+        self._book(plan, num_admitted)
+        if refused and num_admitted < num_planned:
+            if plan.aged_index != num_admitted:
+                self._count_decision(candidates[num_admitted], plan.batch_size + num_admitted)
+            self.stats.num_withdrawn += 1
+        return candidates[:num_admitted]
+
+    def _book(self, plan: PassPlan, num_admitted: int) -> None:
+        """`_count_decision` and `_admitted` for each admitted planned pick, in order, with the guard's
+        served waits fed in runs (its state depends only on the waits it kept and the aged admissions)."""
+        if not num_admitted:
+            return
+        stats, guard = self.stats, self.guard
+        waits = plan.waits[:num_admitted]
+        aged = plan.aged_index if plan.aged_index is not None and plan.aged_index < num_admitted else None
+        if aged is None:
+            guard.served_all(waits)
+        else:
+            guard.served_all(waits[:aged])
+            stats.num_aged += 1
+            self._aged_this_pass = True
+            guard.admitted(waits[aged], plan.candidates[aged].is_stranger)
+            guard.served_all(waits[aged:])
+        admitted = plan.candidates[:num_admitted]
+        num_decided = num_admitted - (aged is not None)  # picks the stopper decided on: all but the aged one
+        if num_decided:
+            self._roll_window_once()
+        # `_count_consult` for each decided pick, in one loop (a cold pass reads each candidate once): pick i
+        # joins a batch of `batch_size + i`, and `is_forced_case` is a batch of none, or no new group and no
+        # depth lost.
+        forced = 0 if plan.batch_size == 0 else None  # the pick that joins an empty batch, if any
+        num_consults = num_group_consults = sum_delta = 0
+        for i, candidate in enumerate(admitted):
+            delta = candidate.depth_before - candidate.depth_after
+            sum_delta += delta
+            adds_group = candidate.depth_running == 0
+            if (adds_group or delta) and i != aged and i != forced:
+                num_consults += 1
+                num_group_consults += adds_group
+        stats.num_consults += num_consults
+        stats.num_group_consults += num_group_consults
+        stats.sum_delta += sum_delta
+        # A planned pass's stopper is blind and reads no footprint: one still kept (a stopper made blind in
+        # place) is not booked here, so it goes; `_counted_footprint` counts it again if one is shown.
+        if not isinstance(self.footprint, NoFootprint):
+            self.footprint = NoFootprint()
+        stats.num_admitted += num_admitted
+        self._in_flight.admitted_all([candidate.request_id for candidate in admitted])
+
+    def _drop_plan(self) -> None:
+        if self._plan is not None:
+            self.settle(0, False)
+
+    def _unskip(self, request_id: RequestId) -> None:
+        """Undo a skip taken while planning a pick the engine never reached."""
+        self.tree.resume(request_id)
+        self._skipped.remove(request_id)
+        self.stats.num_deferred -= 1

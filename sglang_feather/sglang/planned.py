@@ -1,0 +1,154 @@
+"""Passes planned ahead through SGLang's adder: a block of picks placed at once, booked at the first refusal."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sglang_feather.admission import Admission
+from sglang_feather.cht import Candidate
+from sglang_feather.sglang.metrics import FeatherMetrics
+
+# How it works.
+#
+# With a stopper that adds without looking (`always`, the default) and the cache tier fed, passes are planned
+# ahead instead (`admission/plan.py`): `begin_pass` takes a block of picks at once (one more than SGLang
+# admitted in the last pass) and moves them to the head of the queue in order. The adder only reads whether
+# the request its loop reached is the plan's next one (`planned[k]`, k the plan's admissions so far, which are
+# a prefix of it) and runs SGLang's own `add_one_req`; Feather hears of the plan's first request
+# (`plan_reached`: where the loop's admissions start), of a refusal (`planned_refused`) and of the block's last
+# admission (`planned_all_added`: a block twice as long follows), never of each admission, which it counts
+# from SGLang's `can_run_list`. At the first refusal, when nothing is left to plan, when the loop passes over a
+# planned request, or else at the step end, `settle` books what SGLang admitted and undoes the rest; a pass
+# that goes on after it steps. The admissions are the same as the step path's
+# (tests/sglang/test_planned_pass.py).
+
+
+class PlannedPasses:
+    """Mixed into `FeatherRuntime`: the planned pass's state and the adder's calls into it (see "how it
+    works"); `_init_plans` sets it up."""
+
+    admission: Admission
+    metrics: FeatherMetrics | None
+    _moved: list[Any]
+    _step_s: float
+
+    _place: Callable[[list[Candidate], int], list[Any]]
+    _failed: Callable[[str, Sequence[Any]], None]
+
+    def _init_plans(self, prefill_budget_tokens: int | None, chunk_size: int) -> None:
+        """`prefill_budget_tokens`: the prompt tokens one prefill batch may compute (None: unknown); it sizes
+        planned blocks."""
+        self.num_planned_passes = 0
+        """Passes planned ahead so far (the others stepped)."""
+        self.planned: list[Any] | None = None
+        """This pass's planned requests in queue order (None: the pass goes step by step). The adder treats the
+        request its loop reaches as planned when it is `planned[k]`, k the plan's admissions so far (`planned[0]`
+        before `plan_reached`): a list read, with no call into Feather. Once it admits `planned[-1]`,
+        `planned_all_added` plans the next block."""
+        self._planned_picks: list[Candidate] = []
+        self.planned_can_run: list[Any] | None = None
+        """SGLang's adder's `can_run_list` once its loop reached the plan (`plan_reached`), and its length then
+        (`planned_mark`): what it gained since are the plan's admitted requests, in order."""
+        self.planned_mark = 0
+        self._moved_mark = 0
+        """Where this plan's placed requests start in `_moved` (its admitted ones leave it at settle)."""
+        self._refused = False
+        self._block = 1
+        self._block_missing: int | None = None
+        """The planned block's budget of missing chunks (None: no budget known, the block's size alone)."""
+        self._budget_chunks = (
+            None
+            if prefill_budget_tokens is None or prefill_budget_tokens <= 0
+            else -(-prefill_budget_tokens // chunk_size)
+        )
+        self._last_num_admitted = 0
+        """Requests the last pass admitted: the next pass plans one more at first."""
+
+    def _begin_plan(self, batch_size: int) -> None:
+        self.num_planned_passes += 1
+        self._close_plan()
+        self.planned, self._planned_picks = [], []
+        self._moved_mark = len(self._moved)
+        self._refused = False
+        if self._budget_chunks is None:
+            self._block = self._last_num_admitted + 1
+        else:  # the budget ends the block; twice the last pass's admissions bound it where picks are cheap
+            self._block = 2 * (self._last_num_admitted + 1)
+        self._block_missing = self._budget_chunks
+        self._plan_block(batch_size)
+
+    def _plan_block(self, batch_size: int) -> None:
+        """Plan the next block and move its requests into the slots SGLang's loop reaches next."""
+        picks = self.admission.plan_ahead(batch_size, self._block, self._block_missing)
+        self._block *= 2
+        if self._block_missing is not None:
+            self._block_missing *= 2
+        self._planned_picks += picks
+        planned = self.planned
+        planned += self._place(picks, len(planned))
+
+    @property
+    def num_planned_admitted(self) -> int:
+        """The plan's requests SGLang's adder admitted so far (a prefix of the plan)."""
+        return 0 if self.planned_can_run is None else len(self.planned_can_run) - self.planned_mark
+
+    def plan_reached(self, can_run: list[Any]) -> None:
+        """SGLang's loop reached the plan's first request: its adder's admissions from here on are the plan's."""
+        t0 = time.perf_counter()
+        self.planned_can_run, self.planned_mark = can_run, len(can_run)
+        self._step_s += time.perf_counter() - t0
+
+    def planned_all_added(self) -> None:
+        """SGLang's adder admitted the plan's last request: a block twice as long follows (or, with nothing
+        left to plan, the plan settles and what the loop reaches next steps)."""
+        t0 = time.perf_counter()
+        try:
+            self._plan_block(0)
+            if self.num_planned_admitted == len(self.planned):
+                self._settle_plan()
+        except Exception:
+            self._failed("planned admission", self.planned[-1:] if self.planned else [])
+        self._step_s += time.perf_counter() - t0
+
+    def planned_refused(self) -> None:
+        """SGLang's budget refused the planned request its loop reached: the plan settles (the pass ends there,
+        or goes on past the refusal step by step)."""
+        t0 = time.perf_counter()
+        try:
+            self._refused = True
+            self._settle_plan()
+        except Exception:
+            self._failed("planned admission", self.planned[-1:] if self.planned else [])
+        self._step_s += time.perf_counter() - t0
+
+    def _guarded_settle(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            passed_over = self.num_planned_admitted  # an open plan was refused nothing: all it reached joined
+            self._settle_plan()
+            if passed_over < len(self._planned_picks):
+                self.admission.skip(self._planned_picks[passed_over])
+        except Exception:
+            self._failed("plan settling", [])
+        self._step_s += time.perf_counter() - t0
+
+    def _settle_plan(self) -> None:
+        """Book what SGLang admitted of the plan and undo the rest; the pass (if it goes on) steps."""
+        if self.planned is None:
+            return
+        num_admitted = self.num_planned_admitted
+        self._close_plan()
+        mark = self._moved_mark
+        del self._moved[mark : mark + num_admitted]  # SGLang's filter takes the admitted ones out
+        num_consults, num_group = self.admission.stats.num_consults, self.admission.stats.num_group_consults
+        admitted = self.admission.settle(num_admitted, self._refused)
+        if self.metrics is not None:
+            self.metrics.admitted_all([each.delta for each in admitted])
+            stats = self.admission.stats
+            num_new_group = stats.num_group_consults - num_group
+            self.metrics.consulted_all(num_new_group, stats.num_consults - num_consults - num_new_group)
+
+    def _close_plan(self) -> None:
+        self.planned = self.planned_can_run = None
