@@ -143,30 +143,37 @@ class Planning:
                 self.tree.activate(plan.candidates[-1].request_id)
                 plan.num_activated += 1
             mark, num_picks = len(plan), max_picks - (len(plan) - first)
-            num_unguarded = self._num_unguarded(plan, num_picks)
+            num_unguarded, due = self._unguarded(plan, num_picks)
             if num_unguarded:
                 self._take(plan, num_unguarded, missing_left)
+            elif due is None:
+                plan.is_exhausted = True
             else:
-                self._take_guarded(plan, num_picks, missing_left)
+                self._take(plan, num_picks, missing_left, due)
+                if len(plan) == mark:  # the due request's prefix runs uncached: it alone was skipped
+                    self._take(plan, 1, missing_left)
             missing_left -= sum(candidate.num_missing for candidate in plan.candidates[mark:])
         return plan.candidates[first:]
 
-    def _num_unguarded(self, plan: PassPlan, limit: int) -> int:
-        """How many of the next picks (up to `limit`) no due check can touch: none once a request reached the
-        bound; else as many as the overtaken rule leaves the oldest stranger not due (all without strangers:
-        picks only add coverage, so none appears in the pass)."""
+    def _unguarded(self, plan: PassPlan, limit: int) -> tuple[int, RequestId | None]:
+        """How many of the next picks (up to `limit`) no due check can touch, and, when none can be taken so,
+        the due request that goes first (None then: nothing waits). All once a due request was planned; none
+        while one is due (`_due_request`, with the plan's guard); else as many as the overtaken rule leaves the
+        oldest stranger not due (all without strangers: picks only add coverage, so none appears in the pass;
+        no pick moves the bound)."""
         if plan.is_aged:
-            return limit
+            return limit, None
         oldest = self.tree.oldest()
         if oldest is None:
-            return 0
+            return 0, None
         guard = plan.guard_now(self.guard)
-        if guard.reached_bound(self.wait_s(oldest)):
-            return 0
+        due = self._due_request(oldest, guard, False)
+        if due is not None:
+            return 0, due
         stranger = self.tree.oldest_stranger()
         if stranger is None:
-            return limit
-        return guard.num_not_due(self.wait_s(stranger), limit)
+            return limit, None
+        return guard.num_not_due(self.wait_s(stranger), limit), None
 
     def _take(self, plan: PassPlan, num_picks: int, max_missing: int, due: RequestId | None = None) -> None:
         """Up to `num_picks` picks in one call of the tree, the last the one whose missing chunks bring their
@@ -192,21 +199,6 @@ class Planning:
             plan.is_exhausted = True
         elif candidates:
             plan.num_activated = len(plan) - 1
-
-    def _take_guarded(self, plan: PassPlan, num_picks: int, max_missing: int) -> None:
-        """The next picks as `next_pick` takes them, with the plan's copy of the guard: the due request and the
-        ranking's picks after it, or (nothing due, or the due one in flight and skipped) one ranking pick."""
-        oldest = self.tree.oldest()
-        if oldest is None:
-            plan.is_exhausted = True
-            return
-        due = self._due_request(oldest, plan.guard_now(self.guard), plan.is_aged)
-        if due is not None:
-            mark = len(plan)
-            self._take(plan, num_picks, max_missing, due)
-            if len(plan) > mark:
-                return
-        self._take(plan, 1, max_missing)
 
     @property
     def num_planned(self) -> int:
