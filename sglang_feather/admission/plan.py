@@ -12,6 +12,7 @@ from sglang_feather.cht import Candidate, ChunkedHashTree
 from sglang_feather.cht.checks import checked_max_missing
 from sglang_feather.policy import AgingGuard
 from sglang_feather.policy.base import Decision, StoppingPolicy
+from sglang_feather.policy.context import is_forced_case
 from sglang_feather.types import RequestId
 
 # How it works.
@@ -250,15 +251,14 @@ class Planning:
         if num_decided:
             self._roll_window_once()
         # `_count_consult` for each decided pick, in one loop (a cold pass reads each candidate once): pick i
-        # joins a batch of `batch_size + i`, and `is_forced_case` is a batch of none, or no new group and no
-        # depth lost.
-        forced = 0 if plan.batch_size == 0 else None  # the pick that joins an empty batch, if any
+        # joins a batch of `batch_size + i`.
+        batch_size = plan.batch_size
         num_consults = num_group_consults = sum_delta = 0
         for i, candidate in enumerate(admitted):
             delta = candidate.depth_before - candidate.depth_after
             sum_delta += delta
             adds_group = candidate.depth_running == 0
-            if (adds_group or delta) and i != aged and i != forced:
+            if i != aged and not is_forced_case(batch_size + i, adds_group, delta):
                 num_consults += 1
                 num_group_consults += adds_group
         stats.num_consults += num_consults
