@@ -248,7 +248,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
         flag, or their stand-ins while a pass is planned ahead."""
         if is_aged:
             return False
-        wait_s = self.wait_s(candidate.request_id)
+        wait_s = self.clock() - candidate.arrival
         return guard.is_starved(wait_s) if candidate.is_stranger else guard.reached_bound(wait_s)
 
     def _due_request(self, oldest: RequestId, guard: AgingGuard, is_aged: bool) -> RequestId | None:
@@ -293,7 +293,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
         self._activate(proposal.request_id, proposal.candidate.depth_running)
         if not proposal.is_aged and proposal.observation is not None:
             self._window.record(DecisionRecord(proposal.observation, Decision.ADD))
-        self._admitted(proposal.candidate, proposal.is_aged, self.wait_s(proposal.request_id))
+        self._admitted(proposal.candidate, proposal.is_aged, self.clock() - proposal.candidate.arrival)
 
     def _admitted(self, candidate: Candidate, is_aged: bool, wait_s: float) -> None:
         """An admission's bookkeeping once the tree runs the request: stats, the in-flight check, the guard."""

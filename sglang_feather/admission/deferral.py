@@ -63,16 +63,13 @@ class InFlightCheck:
         self._frontiers.clear()
         self._pass_admitted.clear()
 
-    def admitted_all(self, request_ids: list[RequestId]) -> None:
-        """`admitted` for each, in order."""
-        if request_ids:
-            self._pass_admitted += request_ids
-            self._frontiers.clear()
-
     def admitted(self, request_id: RequestId) -> None:
-        """The engine admitted a request: the cache may change, so the frontiers go."""
-        self._pass_admitted.append(request_id)
-        self._frontiers.clear()
+        """The engine admitted a request: the cache may change, so the frontiers go. Kept only where the check
+        reads them (it asks the engine, or reads this pass's admissions); with cache events or the check off
+        an admission changes nothing here."""
+        if self.needs_engine:
+            self._pass_admitted.append(request_id)
+            self._frontiers.clear()
 
     def is_in_flight(
         self,

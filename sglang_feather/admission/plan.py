@@ -109,7 +109,6 @@ class Planning:
     stats: AdmissionStats
     footprint: Footprint
     clock: Callable[[], float]
-    _arrivals: dict[RequestId, float]
     _skipped: list[RequestId]
     _in_flight: InFlightCheck
     _plan: PassPlan | None
@@ -189,8 +188,8 @@ class Planning:
         self._skipped += taken.skipped
         self.stats.num_deferred += len(taken.skipped)
         candidates = taken.candidates
-        now, arrivals = self.clock(), self._arrivals
-        waits = [now - arrivals[candidate.request_id] for candidate in candidates]
+        now = self.clock()
+        waits = [now - candidate.arrival for candidate in candidates]
         if due is not None and candidates:
             plan.took_due()
         plan.candidates += candidates
@@ -268,8 +267,7 @@ class Planning:
         # place) is not booked here, so it goes; `_counted_footprint` counts it again if one is shown.
         if not isinstance(self.footprint, NoFootprint):
             self.footprint = NoFootprint()
-        stats.num_admitted += num_admitted
-        self._in_flight.admitted_all([candidate.request_id for candidate in admitted])
+        stats.num_admitted += num_admitted  # the in-flight check reads no admissions here (`can_plan`)
 
     def _drop_plan(self) -> None:
         if self._plan is not None:

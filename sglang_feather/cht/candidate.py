@@ -29,6 +29,9 @@ class Candidate:
     depth_after: int
     num_sharing: int
     """`w`: other waiting requests that hold the prefix of depth `depth_after` (0 when that depth is 0)."""
+    arrival: float
+    """When it arrived, as its insert gave it (its insertion number when none was given): the ranking's last
+    tie-break, and where its wait starts on the inserter's clock."""
 
     @property
     def delta(self) -> int:

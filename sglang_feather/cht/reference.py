@@ -236,4 +236,4 @@ class ReferenceTree(TakesPicks):
         )
         running, cached = self.running_depth(rid), self.cached_depth(rid)
         missing = len(path) - max(running, cached)
-        return Candidate(rid, len(path), missing, running, cached, before, after, sharing)
+        return Candidate(rid, len(path), missing, running, cached, before, after, sharing, self.order[rid][0])

@@ -404,7 +404,7 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
             running = self._last_depth(path, len(path), 1)
         missing = len(path) - max(running, cached)
         sharing = path[after - 1].num_waiting - 1 if after else 0
-        return Candidate(req.id, len(path), missing, running, cached, before, after, sharing)
+        return Candidate(req.id, len(path), missing, running, cached, before, after, sharing, req.arrival)
 
     # ----------------------------------------------------------------- invariants
 

@@ -27,7 +27,7 @@ class TestRanking:
         assert tree.best().request_id == "stranger", "nothing cached yet: first come, first served"
         assert cache_prompt(tree, prompt(DOC, 3)) == 9
         best = tree.best()
-        assert best == Candidate("rag", 10, 2, 0, 8, 10, 10, 0)
+        assert best == Candidate("rag", 10, 2, 0, 8, 10, 10, 0, arrival=2.0)
         tree.check_invariants()
 
     def test_the_prefix_a_finished_request_left_in_the_cache_still_counts(self, tree_cls):
@@ -97,7 +97,7 @@ class TestRanking:
         hashes = chunk_hashes(DOC, CHUNK)
         assert tree.best().request_id == "rag"
         assert tree.cache_remove([hashes[4]]) == 4, "the evicted prefix and the 3 that extend it"
-        assert tree.best() == Candidate("rag", 10, 6, 0, 4, 10, 10, 0)
+        assert tree.best() == Candidate("rag", 10, 6, 0, 4, 10, 10, 0, arrival=2.0)
         tree.cache_remove([hashes[0]])
         assert tree.best().request_id == "stranger"
         tree.check_invariants()
@@ -111,7 +111,7 @@ class TestRanking:
         tree.insert("sharer", prompt(DOC, 2))
         tree.cache_clear()
         assert tree.num_cached == 0
-        assert tree.best() == Candidate("sharer", 10, 2, 8, 0, 8, 8, 0)
+        assert tree.best() == Candidate("sharer", 10, 2, 8, 0, 8, 8, 0, arrival=2.0)
         tree.finish("run")
         assert tree.best().request_id == "stranger"
         tree.check_invariants()
@@ -149,7 +149,7 @@ class TestEvents:
         hashes = chunk_hashes(long, CHUNK)
         tree.cache_store(hashes[:30])
         assert tree.best() == Candidate(
-            "late-news", len(hashes), len(hashes) - 30, 0, 30, *[len(hashes)] * 2, 0
+            "late-news", len(hashes), len(hashes) - 30, 0, 30, *[len(hashes)] * 2, 0, arrival=1.0
         )
         tree.cache_remove([hashes[12]])
         assert tree.best().depth_cached == 12

@@ -92,7 +92,9 @@ class TestSuspend:
         tree.suspend("a")
         assert tree.is_suspended("a") and tree.num_suspended == 1
         assert tree.state("a") is RequestState.WAITING
-        assert tree.best() == Candidate("b", 12, 2, 10, 0, 10, 10, 1), "w still counts the suspended request"
+        assert tree.best() == Candidate("b", 12, 2, 10, 0, 10, 10, 1, arrival=2.0), (
+            "w still counts the suspended request"
+        )
         assert tree.candidate("a").num_missing == 1 and tree.num_missing("a") == 1
         assert tree.oldest() == "b"
         tree.suspend("b")

@@ -88,16 +88,16 @@ class TestScenarios:
         assert tree.best().request_id == "a0"
         tree.activate("a0")
         best = tree.best()
-        assert best == Candidate("a1", 5, 1, 4, 0, 4, 4, 1), (
+        assert best == Candidate("a1", 5, 1, 4, 0, 4, 4, 1, arrival=2.0), (
             "a batch of one shares nothing yet: nothing to lose"
         )
         assert best.delta == 0
         tree.activate("a1")
         assert tree.shared_depth == 4
         tree.insert("a3", system[:8] + [0] * 12)
-        assert tree.best() == Candidate("a2", 5, 1, 4, 0, 4, 4, 0), "deeper covered prefix first"
+        assert tree.best() == Candidate("a2", 5, 1, 4, 0, 4, 4, 0, arrival=3.0), "deeper covered prefix first"
         tree.activate("a2")
-        assert tree.best() == Candidate("a3", 5, 3, 2, 0, 4, 2, 0)
+        assert tree.best() == Candidate("a3", 5, 3, 2, 0, 4, 2, 0, arrival=4.0)
         assert tree.best().delta == 2
 
     def test_retraction_keeps_arrival_order(self, tree_cls):
@@ -127,7 +127,7 @@ class TestScenarios:
         assert tree.insert("huge", np.arange(1_000_000)) == 3907
         tree.insert("small", [1])
         tree.activate("huge")
-        assert tree.best() == Candidate("small", 1, 1, 0, 0, 0, 0, 0)
+        assert tree.best() == Candidate("small", 1, 1, 0, 0, 0, 0, 0, arrival=1.0)
         tree.finish("huge")
         tree.check_invariants()
         assert tree.num_nodes == 1
@@ -137,7 +137,7 @@ class TestScenarios:
         assert tree.insert("tiny", [3, 1, 4]) == 1
         tree.insert("twin", [3, 1, 4])
         tree.activate("tiny")
-        assert tree.best() == Candidate("twin", 1, 0, 1, 0, 1, 1, 0)
+        assert tree.best() == Candidate("twin", 1, 0, 1, 0, 1, 1, 0, arrival=1.0)
 
     def test_nodes_are_released(self, tree_cls):
         tree = tree_cls(chunk_size=2)

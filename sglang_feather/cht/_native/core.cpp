@@ -978,8 +978,8 @@ class Core {
         candidate_cls_ = nb::borrow(candidate_cls);
         unknown_error_ = nb::borrow(unknown);
         transition_error_ = nb::borrow(transition);
-        static const char* names[] = {"request_id",    "num_chunks",   "num_missing", "depth_running",
-                                      "depth_cached",  "depth_before", "depth_after", "num_sharing"};
+        static const char* names[] = {"request_id",   "num_chunks",  "num_missing", "depth_running", "depth_cached",
+                                      "depth_before", "depth_after", "num_sharing", "arrival"};
         for (int i = 0; i < NUM_FIELDS; ++i) field_names_[i] = nb::steal(PyUnicode_InternFromString(names[i]));
         // A slotted `Candidate` (the dataclass's slots=True) keeps each field at a fixed offset: store there, as
         // its member descriptors do, instead of looking each descriptor up again per field and candidate.
@@ -1035,7 +1035,7 @@ class Core {
         uint32_t last = NIL;
         int64_t num_missing = 0, i = 0;
         if (head != NIL && max_picks > 0) {
-            int64_t values[NUM_FIELDS - 1];
+            int64_t values[NUM_COUNTS];
             describe_into(head, values);
             if (skip_running_uncached && std::min(values[2], values[0] - 1) > values[3]) {
                 suspend(head);
@@ -1175,7 +1175,7 @@ class Core {
     }
 
     nb::object candidate(uint32_t h, int64_t covered = -1) const {
-        int64_t values[NUM_FIELDS - 1];
+        int64_t values[NUM_COUNTS];
         describe_into(h, values, covered);
         return make_candidate(h, values);
     }
@@ -1190,17 +1190,21 @@ class Core {
             PyObject* id = PyList_GET_ITEM(ids_.ptr(), h);
             Py_INCREF(id);
             *slot_of(obj, 0) = id;
-            for (int i = 0; i < NUM_FIELDS - 1; ++i) {
+            for (int i = 0; i < NUM_COUNTS; ++i) {
                 PyObject* v = PyLong_FromLongLong(values[i]);
                 if (v == nullptr) throw nb::python_error();
                 *slot_of(obj, i + 1) = v;
             }
+            PyObject* arrival = PyFloat_FromDouble(reqs_[h].arrival);
+            if (arrival == nullptr) throw nb::python_error();
+            *slot_of(obj, NUM_FIELDS - 1) = arrival;
             return result;
         }
         if (PyObject_GenericSetAttr(obj, field_names_[0].ptr(), PyList_GET_ITEM(ids_.ptr(), h)) != 0)
             throw nb::python_error();
-        for (int i = 0; i < NUM_FIELDS - 1; ++i) {
-            PyObject* v = PyLong_FromLongLong(values[i]);
+        for (int i = 0; i <= NUM_COUNTS; ++i) {
+            PyObject* v = i < NUM_COUNTS ? PyLong_FromLongLong(values[i]) : PyFloat_FromDouble(reqs_[h].arrival);
+            if (v == nullptr) throw nb::python_error();
             int rc = PyObject_GenericSetAttr(obj, field_names_[i + 1].ptr(), v);
             Py_DECREF(v);
             if (rc != 0) throw nb::python_error();
@@ -2573,9 +2577,10 @@ class Core {
     nb::object buffer_types_, token_bytes_, namespace_seed_;
     nb::object duplicate_error_, empty_error_, invalid_tokens_error_, hash_chain_error_, invalid_arrival_error_;
     bool best_valid_ = false;
-    static constexpr int NUM_FIELDS = 8;  // `Candidate`'s
-    uint32_t best_handle_ = NIL;                // the request `best_cache_` describes (NIL: none)
-    int64_t best_values_[NUM_FIELDS - 1] = {};  // its `describe_into` values
+    static constexpr int NUM_FIELDS = 9;  // `Candidate`'s: the request id, NUM_COUNTS counts, its arrival
+    static constexpr int NUM_COUNTS = 7;  // what `describe_into` writes
+    uint32_t best_handle_ = NIL;             // the request `best_cache_` describes (NIL: none)
+    int64_t best_values_[NUM_COUNTS] = {};  // its `describe_into` values
     nb::object field_names_[NUM_FIELDS];
     Py_ssize_t slot_offsets_[NUM_FIELDS] = {};
     int num_slots_ = 0;  // NUM_FIELDS once every field's slot offset is known (`bind`), else 0
