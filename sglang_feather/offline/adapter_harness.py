@@ -234,6 +234,7 @@ class AdapterHarness:
         admission = runtime.admission
         return {
             "mirror": len(runtime.mirror),
+            "mirror_in_order": runtime.mirror.num_in_order,
             "tree_requests": len(tree),
             "tree_waiting": tree.num_waiting,
             "tree_active": tree.num_active,

@@ -77,6 +77,8 @@ class SoakResult:
     at_end: Checkpoint | None = None
     num_errors: int = 0
     num_drift: int = 0
+    num_misses: int = 0
+    """Picks not where the mirror's sorted part placed them (`FeatherRuntime.num_misses`)."""
 
     @property
     def traced_growth_mb(self) -> float:
@@ -160,6 +162,7 @@ class _Soak:
 
     def checkpoint(self) -> Checkpoint:
         self.harness.runtime.admission.tree.check_invariants()
+        self.harness.runtime.check_queue_order(self.harness.waiting)
         gc.collect()
         traced = feather = 0.0
         if tracemalloc.is_tracing():
@@ -198,5 +201,6 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
     result.wall_s = time.perf_counter() - soak.started
     result.num_errors = soak.harness.runtime.num_errors
     result.num_drift = soak.harness.runtime.num_drift
+    result.num_misses = soak.harness.runtime.num_misses
     soak.harness.close()
     return result

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,11 @@ from typing import Any
 # partial sync keeps an absent active request unless it has finished; a complete one drops it. Each waiting
 # request also gets a queue number, increasing in the order SGLang appends to `waiting_queue` (a sync numbers
 # the queue it is given in its order): apart from the requests Feather moved to the head in a pass, the queue
-# stays sorted by it, so the runtime finds a request there by bisection (`seq`).
+# stays sorted by it, so the runtime finds a request there by bisection (`seq`). The mirror also keeps those
+# numbers for the sorted part in a compact array (`in_order`): a request's rank in it is its place in that part
+# of the queue, found without reading the `Req`s a bisection over the queue passes (each a cache miss after
+# the rest of the scheduler's step). It follows the queue's own events (appends, requests leaving, Feather's
+# moves and put-backs) and is rebuilt by every `sync`; it is a hint, which the runtime checks by identity.
 
 
 def namespace_of(req: Any) -> str | None:
@@ -70,6 +75,8 @@ class QueueMirror:
         """`seq(req)`: `req`'s queue number (-1 for a `Req` the mirror does not track as this object)."""
         self._num_changes = 0
         self._next_seq = 0
+        self._in_order = array("q")
+        """The queue numbers of the requests in the sorted part of SGLang's waiting queue, ascending."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -94,10 +101,45 @@ class QueueMirror:
         self._number(req)
 
     def _number(self, req: Any) -> None:
+        """`req` was appended to the queue: it takes the next queue number (the end of the sorted part)."""
         entry = self._entries.get(req.rid)
         if entry is not None and entry.req is req:
+            self.take_out(req)
             self._seqs[req] = self._next_seq
+            self._in_order.append(self._next_seq)
             self._next_seq += 1
+
+    def rank(self, req: Any) -> int:
+        """Where `req` is in the sorted part of the queue (its queue number's place in `in_order`)."""
+        return bisect_left(self._in_order, self._seqs[req])
+
+    def take_out(self, req: Any) -> None:
+        """`req` left the sorted part of the queue (Feather moved it to the head, or it left the queue)."""
+        seq, in_order = self._seqs[req], self._in_order
+        i = bisect_left(in_order, seq)
+        if seq >= 0 and i < len(in_order) and in_order[i] == seq:
+            del in_order[i]
+
+    @property
+    def num_in_order(self) -> int:
+        return len(self._in_order)
+
+    def check_in_order(self, sorted_part: Sequence[Any]) -> None:
+        """Invariant: `in_order` holds the queue numbers of `sorted_part` (the waiting queue less the requests
+        Feather moved to its head), in its order, ascending; ValueError otherwise."""
+        seqs = [self._seqs[req] for req in sorted_part]
+        if list(self._in_order) != seqs or any(map(int.__ge__, seqs, seqs[1:])):
+            raise ValueError(
+                f"the mirror's sorted part {list(self._in_order)[:8]} is not the queue's {seqs[:8]}"
+            )
+
+    def put_in(self, req: Any) -> int:
+        """`req` goes back into the sorted part of the queue; returns its place there."""
+        seq, in_order = self._seqs[req], self._in_order
+        i = bisect_left(in_order, seq)
+        if seq >= 0 and not (i < len(in_order) and in_order[i] == seq):
+            in_order.insert(i, seq)
+        return i
 
     def left(self, req: Any) -> bool:
         """`req` left for good (finished or aborted); False if the mirror did not track this `Req`."""
@@ -115,6 +157,7 @@ class QueueMirror:
         unless its `Req` has finished; `complete=True` removes every absent request.
         """
         self._num_changes = 0
+        self._in_order = array("q")  # renumbered below, in the queue's order
         waiting_ids = {req.rid for req in waiting}
         running = list(running)
         running_ids = {req.rid for req in running}
@@ -168,12 +211,15 @@ class QueueMirror:
             self.admission.enqueue(req.rid, ids, namespace=namespace)
         replaced = self._entries.get(req.rid)
         if replaced is not None:
+            self.take_out(replaced.req)
             self._seqs.pop(replaced.req, None)
         self._entries[req.rid] = _Entry(req=req, num_tokens=num_tokens_of(req))
         self._num_changes += 1
         return True
 
     def _drop(self, rid: Any) -> None:
-        self._seqs.pop(self._entries.pop(rid).req, None)
+        req = self._entries.pop(rid).req
+        self.take_out(req)
+        self._seqs.pop(req, None)
         self._num_changes += 1
         self.admission.leave(rid)

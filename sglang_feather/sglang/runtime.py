@@ -98,6 +98,8 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
         self._admitted_before = 0
         self.num_scans = 0
         """Times a pick had to be found in the waiting queue by a linear scan (its order was disturbed)."""
+        self.num_misses = 0
+        """Times a pick was not where its rank in the mirror's sorted part said (found by bisection or scan)."""
         self._fcfs_pass = False
         self._needs_rebuild = False
         self._step_s = 0.0
@@ -156,7 +158,7 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
             if self._needs_rebuild:
                 self._rebuild(waiting_queue, running)
             elif len(waiting_queue) != self.admission.num_waiting:
-                self._drifted(self.mirror.sync(waiting_queue, running, complete=False))
+                self._drifted(self._sync(waiting_queue, running, complete=False))
             self._put_back(waiting_queue)
             self._admitted_before = self.admission.stats.num_admitted
             if self.plans_ahead:
@@ -202,6 +204,8 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
                 self.admission.accept(proposal)
                 if self._moved and self._moved[-1] is req:
                     self._moved.pop()
+                else:  # it was in the queue's sorted part, which SGLang's filter takes it out of
+                    self.mirror.take_out(req)
                 if self.metrics is not None:
                     self.metrics.admitted(proposal.candidate.delta)
                 self._offer_after(req)
@@ -298,6 +302,12 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
             self.metrics.scheduler_step(self._step_s)
         self._step_s = 0.0
 
+    def check_queue_order(self, waiting_queue: Sequence[Any]) -> None:
+        """Invariant, between passes: the mirror's sorted part is the waiting queue less the picks Feather moved
+        to its head and SGLang did not admit (ValueError otherwise)."""
+        moved = set(map(id, self._moved))
+        self.mirror.check_in_order([req for req in waiting_queue if id(req) not in moved])
+
     def _report_launched(self) -> None:
         """The batch launched at the last step end has run: report it to the reward window (once)."""
         num_tokens, self._launched = self._launched, None
@@ -313,14 +323,20 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
         if self._needs_rebuild:
             self._rebuild(waiting, active)
         else:
-            self._drifted(self.mirror.sync(waiting, active, complete=True))
+            self._drifted(self._sync(waiting, active, complete=True))
 
     def _rebuild(self, waiting: Sequence[Any], active: Sequence[Any]) -> None:
         """Forget every request and mirror the queues afresh (after an exception left the tree in doubt)."""
         self.admission.forget_all()
         self.mirror = QueueMirror(self.admission)
-        self.mirror.sync(waiting, active, complete=False)
+        self._sync(waiting, active, complete=False)
         self._needs_rebuild = False
+
+    def _sync(self, waiting: Sequence[Any], active: Sequence[Any], *, complete: bool) -> int:
+        """`QueueMirror.sync`, which numbers the waiting queue in its order: the picks Feather moved to its head
+        are then in queue-number order where they are, so none is put back."""
+        self._moved.clear()
+        return self.mirror.sync(waiting, active, complete=complete)
 
     def _drifted(self, num_changes: int) -> None:
         if num_changes:

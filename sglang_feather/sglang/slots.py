@@ -24,6 +24,7 @@ class QueueSlots:
     mirror: QueueMirror
     events: Any
     num_scans: int
+    num_misses: int
     _queue: list[Any] | None
     _pick: Pick | None
     _pick_req: Any
@@ -59,6 +60,7 @@ class QueueSlots:
         if there != slot:
             queue.insert(slot, queue.pop(there))
             self._moved.append(req)
+            self.mirror.take_out(req)
         self._slot = slot
 
     def _place(self, picks: list[Candidate], slot: int) -> list[Any]:
@@ -73,6 +75,8 @@ class QueueSlots:
                 raise LookupError("a planned request is not in the waiting queue after the slot")
             queue[slot:] = reqs + rest
             self._moved += reqs
+            for req in reqs:
+                self.mirror.take_out(req)
             return reqs
         for req in reqs:
             there = self._position(queue, req, slot)
@@ -81,6 +85,7 @@ class QueueSlots:
             if there != slot:
                 queue.insert(slot, queue.pop(there))
             self._moved.append(req)
+            self.mirror.take_out(req)
             slot += 1
         return reqs
 
@@ -96,18 +101,31 @@ class QueueSlots:
             num_head += 1
         head = queue[:num_head]
         del queue[:num_head]
+        seq = self.mirror.seq
         for req in head:
-            queue.insert(self._sorted_slot(queue, req, 0), req)
+            slot, num = self.mirror.put_in(req), seq(req)
+            if not (
+                slot <= len(queue)
+                and (slot == 0 or seq(queue[slot - 1]) < num)
+                and (slot == len(queue) or num < seq(queue[slot]))
+            ):
+                slot = self._sorted_slot(queue, req, 0)  # the mirror's order drifted from the queue's
+            queue.insert(slot, req)
 
     def _sorted_slot(self, queue: list[Any], req: Any, lo: int) -> int:
         """Where `req` belongs in `queue[lo:]` by the mirror's queue numbers (bisection)."""
         return bisect_left(queue, self.mirror.seq(req), lo=lo, key=self.mirror.seq)
 
     def _position(self, queue: list[Any], req: Any, lo: int) -> int | None:
-        """Where `req` is in `queue[lo:]`: by bisection on the mirror's queue numbers (the part of the queue
-        Feather has not reordered is sorted by them), checked, with a scan when the order was disturbed."""
+        """Where `req` is in `queue[lo:]`, the sorted part of the queue once Feather's moves and the requests
+        its loop passed are before `lo`: its rank there (`QueueMirror.rank`), checked by identity, else by
+        bisection on the mirror's queue numbers, checked, with a scan when the order was disturbed."""
         if lo < len(queue) and queue[lo] is req:
             return lo
+        there = lo + self.mirror.rank(req)
+        if there < len(queue) and queue[there] is req:
+            return there
+        self.num_misses += 1
         there = self._sorted_slot(queue, req, lo)
         if there < len(queue) and queue[there] is req:
             return there

@@ -171,10 +171,11 @@ def test_unknown_policy_still_raises_sglangs_error():
         FeatherSchedulePolicy("nonsense", make_cache(), False, False, False)
 
 
-def test_picks_are_found_by_bisection_through_arrivals_refusals_retractions_and_finishes():
+def test_picks_are_found_by_rank_through_arrivals_refusals_retractions_and_finishes():
     """SGLang's waiting queue, as its own events leave it (appends, the admitted filtered out, a refused pick
     left at the head, retracted requests appended), stays sorted by the mirror's queue numbers outside the
-    head Feather reordered: every pick is found without a linear scan, and nothing drifts."""
+    head Feather reordered, and the mirror's sorted part follows it without a resync: every pick is where its
+    rank says (no bisection, no linear scan), and nothing drifts."""
     from sglang_feather.offline.adapter_harness import AdapterHarness
     from sglang_feather.offline.sglang_objects import make_req as make_sglang_req
     from sglang_feather.sglang.options import FEATHER
@@ -203,5 +204,33 @@ def test_picks_are_found_by_bisection_through_arrivals_refusals_retractions_and_
             elif roll < 0.2:
                 harness.retract(req)
         assert runtime.num_scans == 0, f"step {step}: a pick was found by a linear scan"
+        assert runtime.num_misses == 0, f"step {step}: a pick was not where its rank said"
+        runtime.check_queue_order(harness.waiting)
         assert runtime.num_drift == 0 and runtime.num_errors == 0
     assert num_admitted > 50 and num_refused > 5, "the budget must refuse picks for the test to mean anything"
+
+
+def test_a_sorted_part_out_of_step_with_the_queue_costs_bisections_not_admissions():
+    """The mirror's sorted part is a hint: with it out of step (a queue number dropped from it), every pick is
+    still found (by bisection, counted as a miss), the same requests are admitted as by a twin whose hint is
+    right, and the next full sync puts the hint right again."""
+    from sglang_feather.offline.adapter_harness import AdapterHarness
+    from sglang_feather.offline.sglang_objects import make_req as make_sglang_req
+    from sglang_feather.sglang.options import FEATHER
+
+    rng = random.Random(1)
+    sides = [AdapterHarness(FEATHER, options=_options(), allocator_size=4000) for _ in range(2)]
+    for i in range(300):
+        prompt = group_prompt(rng.randrange(6), 256, rng.randint(8, 300), salt=i)
+        for side in sides:
+            side.arrive(make_sglang_req(f"r{i}", prompt))
+    hinted, broken = (side.runtime for side in sides)
+    del broken.mirror._in_order[3]
+    with pytest.raises(ValueError, match="sorted part"):
+        broken.check_queue_order(sides[1].waiting)
+    results = [side.prefill_pass() for side in sides]
+    assert [r.rid for r in results[0].admitted] == [r.rid for r in results[1].admitted]
+    assert len(results[0].admitted) > 5
+    assert hinted.num_misses == 0 and broken.num_misses > 0 and broken.num_errors == 0
+    broken._sync(sides[1].waiting, sides[1].running, complete=True)
+    broken.check_queue_order(sides[1].waiting)

@@ -102,6 +102,8 @@ def test_the_planned_pass_admits_as_the_step_path(seed):
             for i in finished:
                 (side.retract if i in retracted else side.finish)(reqs[i])
         assert snapshot(planned) == snapshot(steps), f"step {step}"
+        for side in (planned, steps):
+            side.runtime.check_queue_order(side.waiting)
         assert series(planned) == series(steps), (
             f"step {step}: the planned pass's metrics are the step path's"
         )
@@ -109,6 +111,9 @@ def test_the_planned_pass_admits_as_the_step_path(seed):
     assert num_admitted > 200 and planned.runtime.admission.stats.num_withdrawn > 5, "SGLang refused picks"
     assert num_aged > 0, "due requests were served"
     assert planned.runtime.num_scans == 0 and planned.runtime.num_errors == 0
+    assert planned.runtime.num_misses == 0 and steps.runtime.num_misses == 0, (
+        "picks were where their rank said"
+    )
     assert planned.runtime.num_planned_passes == 50 and steps.runtime.num_planned_passes == 0
     planned.close()
     steps.close()

@@ -29,6 +29,7 @@ def test_soak_memory_is_flat_and_every_index_drains(core, monkeypatch):
     assert result.num_finished + result.num_aborted == CONFIG.num_requests
     assert result.num_aborted > 10 and result.num_retracted > 10
     assert result.num_errors == 0 and result.num_drift == 0
+    assert result.num_misses == 0, "the mirror's sorted part followed the queue (checked at every checkpoint)"
     assert result.traced_growth_mb < 1.0, result.at_end
     assert result.feather_traced_growth_mb < 0.5, result.at_end
     loaded = max(c.tracked["tree_requests"] for c in result.checkpoints)
