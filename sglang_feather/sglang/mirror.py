@@ -27,7 +27,9 @@ from typing import Any
 # numbers for the sorted part in a compact array (`in_order`): a request's rank in it is its place in that part
 # of the queue, found without reading the `Req`s a bisection over the queue passes (each a cache miss after
 # the rest of the scheduler's step). It follows the queue's own events (appends, requests leaving, Feather's
-# moves and put-backs) and is rebuilt by every `sync`; it is a hint, which the runtime checks by identity.
+# moves and put-backs) and is rebuilt by every `sync`; it is a hint, which the runtime checks by identity. A
+# queue small enough that a pass's picks are over 1/8 of it has its tail rebuilt instead (one pass that reads
+# every `Req` there): the array is then not kept until the next sync, and put-backs bisect the queue.
 
 
 def namespace_of(req: Any) -> str | None:
@@ -75,8 +77,9 @@ class QueueMirror:
         """`seq(req)`: `req`'s queue number (-1 for a `Req` the mirror does not track as this object)."""
         self._num_changes = 0
         self._next_seq = 0
-        self._in_order = array("q")
-        """The queue numbers of the requests in the sorted part of SGLang's waiting queue, ascending."""
+        self._in_order: array | None = array("q")
+        """The queue numbers of the requests in the sorted part of SGLang's waiting queue, ascending (None: not
+        kept until the next sync)."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -106,40 +109,60 @@ class QueueMirror:
         if entry is not None and entry.req is req:
             self.take_out(req)
             self._seqs[req] = self._next_seq
-            self._in_order.append(self._next_seq)
+            if self._in_order is not None:
+                self._in_order.append(self._next_seq)
             self._next_seq += 1
 
+    @property
+    def knows_order(self) -> bool:
+        """Whether `in_order` is kept: from every `sync` until the runtime rebuilds the queue's tail
+        (`forget_order`)."""
+        return self._in_order is not None
+
+    def forget_order(self) -> None:
+        """The runtime rebuilt the queue's tail (a block of picks over 1/8 of it, in one C-speed pass that reads
+        every `Req` there): `in_order` is not kept until the next `sync` (recounting it would cost about as
+        much as the rebuild; `rank` is not asked and put-backs bisect the queue meanwhile)."""
+        self._in_order = None
+
     def rank(self, req: Any) -> int:
-        """Where `req` is in the sorted part of the queue (its queue number's place in `in_order`)."""
+        """Where `req` is in the sorted part of the queue (its queue number's place in `in_order`); needs
+        `knows_order`."""
         return bisect_left(self._in_order, self._seqs[req])
 
     def take_out(self, req: Any) -> None:
         """`req` left the sorted part of the queue (Feather moved it to the head, or it left the queue)."""
         seq, in_order = self._seqs[req], self._in_order
+        if seq < 0 or in_order is None:
+            return
         i = bisect_left(in_order, seq)
-        if seq >= 0 and i < len(in_order) and in_order[i] == seq:
+        if i < len(in_order) and in_order[i] == seq:
             del in_order[i]
+
+    def put_in(self, req: Any) -> int | None:
+        """`req` goes back into the sorted part of the queue; returns its place there (None: not kept)."""
+        seq, in_order = self._seqs[req], self._in_order
+        if seq < 0 or in_order is None:
+            return None
+        i = bisect_left(in_order, seq)
+        if not (i < len(in_order) and in_order[i] == seq):
+            in_order.insert(i, seq)
+        return i
 
     @property
     def num_in_order(self) -> int:
-        return len(self._in_order)
+        return 0 if self._in_order is None else len(self._in_order)
 
     def check_in_order(self, sorted_part: Sequence[Any]) -> None:
-        """Invariant: `in_order` holds the queue numbers of `sorted_part` (the waiting queue less the requests
-        Feather moved to its head), in its order, ascending; ValueError otherwise."""
+        """Invariant: while kept, `in_order` holds the queue numbers of `sorted_part` (the waiting queue less the
+        requests Feather moved to its head), in its order, ascending; ValueError otherwise."""
+        if self._in_order is None:
+            return
         seqs = [self._seqs[req] for req in sorted_part]
         if list(self._in_order) != seqs or any(map(int.__ge__, seqs, seqs[1:])):
             raise ValueError(
                 f"the mirror's sorted part {list(self._in_order)[:8]} is not the queue's {seqs[:8]}"
             )
-
-    def put_in(self, req: Any) -> int:
-        """`req` goes back into the sorted part of the queue; returns its place there."""
-        seq, in_order = self._seqs[req], self._in_order
-        i = bisect_left(in_order, seq)
-        if seq >= 0 and not (i < len(in_order) and in_order[i] == seq):
-            in_order.insert(i, seq)
-        return i
 
     def left(self, req: Any) -> bool:
         """`req` left for good (finished or aborted); False if the mirror did not track this `Req`."""

@@ -75,8 +75,7 @@ class QueueSlots:
                 raise LookupError("a planned request is not in the waiting queue after the slot")
             queue[slot:] = reqs + rest
             self._moved += reqs
-            for req in reqs:
-                self.mirror.take_out(req)
+            self.mirror.forget_order()
             return reqs
         for req in reqs:
             there = self._position(queue, req, slot)
@@ -104,12 +103,12 @@ class QueueSlots:
         seq = self.mirror.seq
         for req in head:
             slot, num = self.mirror.put_in(req), seq(req)
-            if not (
+            if slot is None or not (
                 slot <= len(queue)
                 and (slot == 0 or seq(queue[slot - 1]) < num)
                 and (slot == len(queue) or num < seq(queue[slot]))
             ):
-                slot = self._sorted_slot(queue, req, 0)  # the mirror's order drifted from the queue's
+                slot = self._sorted_slot(queue, req, 0)  # not kept, or out of step with the queue
             queue.insert(slot, req)
 
     def _sorted_slot(self, queue: list[Any], req: Any, lo: int) -> int:
@@ -122,10 +121,11 @@ class QueueSlots:
         bisection on the mirror's queue numbers, checked, with a scan when the order was disturbed."""
         if lo < len(queue) and queue[lo] is req:
             return lo
-        there = lo + self.mirror.rank(req)
-        if there < len(queue) and queue[there] is req:
-            return there
-        self.num_misses += 1
+        if self.mirror.knows_order:
+            there = lo + self.mirror.rank(req)
+            if there < len(queue) and queue[there] is req:
+                return there
+            self.num_misses += 1
         there = self._sorted_slot(queue, req, lo)
         if there < len(queue) and queue[there] is req:
             return there

@@ -171,11 +171,13 @@ def test_unknown_policy_still_raises_sglangs_error():
         FeatherSchedulePolicy("nonsense", make_cache(), False, False, False)
 
 
-def test_picks_are_found_by_rank_through_arrivals_refusals_retractions_and_finishes():
+@pytest.mark.parametrize("backlog", [0, 300])
+def test_picks_are_found_by_rank_through_arrivals_refusals_retractions_and_finishes(backlog):
     """SGLang's waiting queue, as its own events leave it (appends, the admitted filtered out, a refused pick
     left at the head, retracted requests appended), stays sorted by the mirror's queue numbers outside the
-    head Feather reordered, and the mirror's sorted part follows it without a resync: every pick is where its
-    rank says (no bisection, no linear scan), and nothing drifts."""
+    head Feather reordered, and nothing drifts. Behind a backlog (a pass's picks are under 1/8 of the queue)
+    the mirror's sorted part follows the queue without a resync and every pick is where its rank says (no
+    bisection, no linear scan); a short queue has its tail rebuilt instead, and no pick needs a scan."""
     from sglang_feather.offline.adapter_harness import AdapterHarness
     from sglang_feather.offline.sglang_objects import make_req as make_sglang_req
     from sglang_feather.sglang.options import FEATHER
@@ -183,6 +185,9 @@ def test_picks_are_found_by_rank_through_arrivals_refusals_retractions_and_finis
     rng = random.Random(0)
     harness = AdapterHarness(FEATHER, options=_options(), allocator_size=4000)
     runtime = harness.runtime
+    for i in range(backlog):
+        prompt = group_prompt(rng.randrange(6), 256, rng.randint(8, 300), salt=100_000 + i)
+        harness.arrive(make_sglang_req(f"b{i}", prompt))
     num_admitted = num_refused = 0
     for step in range(60):
         for i in range(rng.randint(2, 12)):
@@ -205,6 +210,7 @@ def test_picks_are_found_by_rank_through_arrivals_refusals_retractions_and_finis
                 harness.retract(req)
         assert runtime.num_scans == 0, f"step {step}: a pick was found by a linear scan"
         assert runtime.num_misses == 0, f"step {step}: a pick was not where its rank said"
+        assert runtime.mirror.knows_order == bool(backlog), f"step {step}"
         runtime.check_queue_order(harness.waiting)
         assert runtime.num_drift == 0 and runtime.num_errors == 0
     assert num_admitted > 50 and num_refused > 5, "the budget must refuse picks for the test to mean anything"
