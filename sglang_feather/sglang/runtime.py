@@ -34,7 +34,7 @@ SAVE_INTERVAL_S = 30.0
 # Feather's first pick to the head of `waiting_queue`; SGLang's admission loop walks that list and calls the
 # adder, which asks `admit` for each request it reaches: the stopper decides on the pick there, from the same
 # view of the cache that picked it. After every admission the next pick is moved into the slot the loop reaches
-# next (found by bisection on the mirror's queue numbers, one C-speed move), so the loop walks Feather's order
+# next (found by its rank among the mirror's queue numbers, one C-speed move), so the loop walks Feather's order
 # while SGLang's token and KV budgets keep the last word. A request the loop reaches that is not Feather's
 # pick (the loop passed over the pick: LoRA, pooling mode, storage prefetch) is proposed as it is, and the pick
 # waits for the next pass. What the prefix cache

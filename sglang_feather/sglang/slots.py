@@ -13,7 +13,7 @@ from sglang_feather.sglang.mirror import QueueMirror
 
 REBUILD_RATIO = 8
 """Planned picks are placed by rebuilding the queue's tail when they are over 1/8 of it (each move is a
-bisection and a list shift; a rebuild one pass over the tail)."""
+rank lookup and a list shift; a rebuild one pass over the tail, which reads every `Req` there)."""
 
 
 class QueueSlots:
