@@ -72,7 +72,6 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
         self.page_size = page_size
         self.state_tag = dict(state_tag or {})
         self._state_path = state_path
-        self._arrivals: dict[RequestId, float] = {}
         self._skipped: list[RequestId] = []
         self._in_flight = InFlightCheck(
             enabled=defer_uncached_prefix, page_size=page_size, cache_events=cache_events
@@ -364,12 +363,11 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
     # ----------------------------------------------------------------- bookkeeping views
 
     def wait_s(self, request_id: RequestId) -> float:
-        return self.clock() - self._arrivals[request_id]
+        return self.clock() - self.tree.arrival(request_id)
 
     def index_sizes(self) -> dict[str, int]:
         """Entries of the admission's own per-request indexes (all zero once every request left): leak checks."""
         return {
-            "arrivals": len(self._arrivals),
             "skipped": len(self._skipped),
             "pass_admitted": self._in_flight.num_admitted,
             "records": self._window.num_records,

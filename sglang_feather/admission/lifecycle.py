@@ -24,7 +24,6 @@ class Lifecycle:
     clock: Callable[[], float]
     stats: AdmissionStats
     footprint: Footprint
-    _arrivals: dict[RequestId, float]
     _skipped: list[RequestId]
     _in_flight: InFlightCheck
 
@@ -53,9 +52,8 @@ class Lifecycle:
         namespace: str | None = None,
     ) -> int:
         """A known request waits again with a new prompt (it grew); it keeps its original arrival time."""
-        arrival = self._arrivals.get(request_id, self.clock())
+        arrival = self.tree.arrival(request_id) if request_id in self.tree else self.clock()
         self._discard(request_id)
-        self._arrivals.pop(request_id, None)
         return self._insert(request_id, token_ids, hashes, namespace, arrival)
 
     def _insert(self, request_id, token_ids, hashes, namespace, arrival: float) -> int:
@@ -66,7 +64,6 @@ class Lifecycle:
         else:
             num_chunks = self.tree.insert_hashes(request_id, hashes, arrival=arrival)
         self.footprint.waits(self.tree, request_id)
-        self._arrivals[request_id] = arrival
         return num_chunks
 
     # ----------------------------------------------------------------- running or not
@@ -93,11 +90,9 @@ class Lifecycle:
         change = self.footprint.leaving(self.tree, request_id)
         self.tree.finish(request_id)
         self.footprint.left(*change)
-        del self._arrivals[request_id]
 
     def abort(self, request_id: RequestId) -> bool:
         """A request left in whatever state it was (finished, aborted); False if Feather did not know it."""
-        self._arrivals.pop(request_id, None)
         return self._discard(request_id)
 
     def _discard(self, request_id: RequestId) -> bool:
@@ -133,7 +128,6 @@ class Lifecycle:
             self.tree = ChunkedHashTree(tree.chunk_size)
         self._plan = None
         self.footprint.reset()
-        self._arrivals.clear()
         self._skipped.clear()
         self._in_flight.reset()
 

@@ -102,6 +102,9 @@ class NativeTree(_core.Core, TakesPicks):
         handle = self._handle(request_id)
         return self._prefix_hash(handle, check_depth(request_id, depth, self._num_chunks(handle)))
 
+    def arrival(self, request_id: RequestId) -> float:
+        return self._arrival(self._handle(request_id))
+
     def num_missing(self, request_id: RequestId) -> int:
         return self._num_missing(self._handle(request_id))
 

@@ -153,6 +153,9 @@ class ReferenceTree(TakesPicks):
     def working_set(self) -> set[ChunkHash]:
         return {h for rid in self.ids(RequestState.ACTIVE) for h in self.hashes[rid]}
 
+    def arrival(self, rid: RequestId) -> float:
+        return self.order[rid][0]
+
     def num_missing(self, rid: RequestId) -> int:
         return len(self.hashes[rid]) - max(self.running_depth(rid), self.cached_depth(rid))
 

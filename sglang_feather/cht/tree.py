@@ -147,6 +147,10 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
         path = self._get(request_id).path
         return path[check_depth(request_id, depth, len(path)) - 1].hash
 
+    def arrival(self, request_id: RequestId) -> float:
+        """When the request arrived, as its insert gave it (its insertion number when none was given)."""
+        return self._get(request_id).arrival
+
     def num_missing(self, request_id: RequestId) -> int:
         """Chunks of the request's prompt that neither a running request nor the engine's cache holds."""
         path = self._get(request_id).path

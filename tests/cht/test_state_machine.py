@@ -203,6 +203,7 @@ class TreeVsReference(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(self.ids(RequestState.WAITING)))
         assert self.tree.candidate(rid) == self.ref.describe(rid)
         assert self.tree.num_missing(rid) == self.ref.num_missing(rid)
+        assert self.tree.arrival(rid) == self.ref.arrival(rid)
 
     @invariant()
     def agrees(self):

@@ -934,6 +934,8 @@ class Core {
         return chunk_hash(reqs_[h].path, static_cast<size_t>(depth - 1));
     }
 
+    double arrival(uint32_t h) const { return reqs_[h].arrival; }
+
     int64_t num_missing(uint32_t h) const {
         const auto& path = reqs_[h].path;
         return static_cast<int64_t>(path.size()) - covered_depth(path);
@@ -2872,6 +2874,7 @@ NB_MODULE(_core, m) {
         .def("_num_chunks", &Core::num_chunks)
         .def("_path_hashes", &Core::path_hashes)
         .def("_prefix_hash", &Core::prefix_hash)
+        .def("_arrival", &Core::arrival)
         .def("_num_missing", &Core::num_missing)
         .def("_num_holding", &Core::num_holding)
         .def("_shares_prefix", &Core::shares_prefix)
