@@ -72,7 +72,6 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
         self.page_size = page_size
         self.state_tag = dict(state_tag or {})
         self._state_path = state_path
-        self._skipped: list[RequestId] = []
         self._in_flight = InFlightCheck(
             enabled=defer_uncached_prefix, page_size=page_size, cache_events=cache_events
         )
@@ -90,10 +89,14 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
 
     @classmethod
     def from_config(cls, config: AdmissionConfig, clock: Callable[[], float] = time.monotonic) -> Admission:
-        return cls(
-            ChunkedHashTree(config.chunk_size),
+        """The admission `config` describes, on the core `ChunkedHashTree` is: on the compiled one, with the
+        compiled guard and planned pass (`compiled.py`)."""
+        tree = ChunkedHashTree(config.chunk_size)
+        admission_type, guard_type = _TYPES_BY_CORE[tree.core]()
+        return admission_type(
+            tree,
             make_policy(config.stopper, seed=config.seed, **config.stopper_options),
-            AgingGuard(config.max_wait_s, when_overtaken=config.due_when_overtaken),
+            guard_type(config.max_wait_s, when_overtaken=config.due_when_overtaken),
             clock=clock,
             state_path=config.state_path,
             defer_uncached_prefix=config.defer_uncached_prefix,
@@ -279,13 +282,11 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
 
     def _suspend(self, request_id: RequestId) -> None:
         self.tree.suspend(request_id)
-        self._skipped.append(request_id)
 
     def _resume_skipped(self) -> None:
         """Every request skipped in this pass competes again (only the admission suspends requests)."""
-        if self._skipped:
+        if self.tree.num_suspended:
             self.tree.resume_all()
-            self._skipped.clear()
 
     def accept(self, proposal: Proposal) -> None:
         """The engine admitted the proposed request."""
@@ -368,7 +369,20 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
     def index_sizes(self) -> dict[str, int]:
         """Entries of the admission's own per-request indexes (all zero once every request left): leak checks."""
         return {
-            "skipped": len(self._skipped),
+            "skipped": self.tree.num_suspended,
             "pass_admitted": self._in_flight.num_admitted,
             "records": self._window.num_records,
         }
+
+
+def _compiled_types() -> tuple[type[Admission], type]:
+    from sglang_feather.admission.compiled import CompiledAdmission, CompiledGuard
+
+    return CompiledAdmission, CompiledGuard
+
+
+_TYPES_BY_CORE: dict[str, Callable[[], tuple[type[Admission], type]]] = {
+    "python": lambda: (Admission, AgingGuard),
+    "native": _compiled_types,
+}
+"""The admission and guard types for each CHT core (the tree's `core`)."""

@@ -24,8 +24,8 @@ class Lifecycle:
     clock: Callable[[], float]
     stats: AdmissionStats
     footprint: Footprint
-    _skipped: list[RequestId]
     _in_flight: InFlightCheck
+    _forget_plan: Callable[[], None]
 
     def enqueue(
         self,
@@ -126,9 +126,8 @@ class Lifecycle:
         except Exception:
             logger.exception("Feather could not empty its tree; starting a new one without the cache tier")
             self.tree = ChunkedHashTree(tree.chunk_size)
-        self._plan = None
+        self._forget_plan()
         self.footprint.reset()
-        self._skipped.clear()
         self._in_flight.reset()
 
     # ----------------------------------------------------------------- the engine's cache

@@ -109,7 +109,6 @@ class Planning:
     stats: AdmissionStats
     footprint: Footprint
     clock: Callable[[], float]
-    _skipped: list[RequestId]
     _in_flight: InFlightCheck
     _plan: PassPlan | None
     _aged_this_pass: bool
@@ -185,7 +184,6 @@ class Planning:
         num_skipped = len(plan.skipped)
         plan.skipped += taken.skipped
         plan.skip_ends += [num_skipped + end for end in taken.skip_ends]
-        self._skipped += taken.skipped
         self.stats.num_deferred += len(taken.skipped)
         candidates = taken.candidates
         now = self.clock()
@@ -273,8 +271,11 @@ class Planning:
         if self._plan is not None:
             self.settle(0, False)
 
+    def _forget_plan(self) -> None:
+        """Drop the open plan without undoing it (its requests left the tree: `forget_all`)."""
+        self._plan = None
+
     def _unskip(self, request_id: RequestId) -> None:
         """Undo a skip taken while planning a pick the engine never reached."""
         self.tree.resume(request_id)
-        self._skipped.remove(request_id)
         self.stats.num_deferred -= 1

@@ -59,6 +59,9 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
     leaves the tree unchanged.
     """
 
+    core = "python"
+    """Which core this is (`backend_name()` names the one `ChunkedHashTree` is)."""
+
     def __init__(self, chunk_size: int = DEFAULT_CHUNK_SIZE):
         self.chunk_size = checked_chunk_size(chunk_size)
         self._root = PrefixNode(None, None, 0, -1)
