@@ -135,7 +135,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
         """A new scheduling pass starts (stoppers with per-pass state reset it)."""
         self._drop_plan()
         self._resume_skipped()
-        self.stopper.begin_pass()
+        self._stopper.begin_pass()
         self._in_flight.reset()
         self._decided_this_pass = False
         self._aged_this_pass = False

@@ -76,10 +76,6 @@ class NativeTree(_core.Core, TakesPicks):
     def __contains__(self, request_id: RequestId) -> bool:
         return request_id in self._handles
 
-    @property
-    def num_waiting(self) -> int:
-        return len(self._handles) - self.num_active
-
     def state(self, request_id: RequestId) -> RequestState | None:
         handle = self._handles.get(request_id)
         return None if handle is None else _STATES[self._state(handle)]

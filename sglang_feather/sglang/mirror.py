@@ -125,19 +125,23 @@ class QueueMirror:
         much as the rebuild; `rank` is not asked and put-backs bisect the queue meanwhile)."""
         self._in_order = None
 
-    def rank(self, req: Any) -> int:
-        """Where `req` is in the sorted part of the queue (its queue number's place in `in_order`); needs
-        `knows_order`."""
-        return bisect_left(self._in_order, self._seqs[req])
+    def rank(self, req: Any) -> int | None:
+        """Where `req` is in the sorted part of the queue (its queue number's place in `in_order`; None while
+        that is not kept)."""
+        in_order = self._in_order
+        return None if in_order is None else bisect_left(in_order, self._seqs[req])
 
-    def take_out(self, req: Any) -> None:
-        """`req` left the sorted part of the queue (Feather moved it to the head, or it left the queue)."""
+    def take_out(self, req: Any) -> int | None:
+        """`req` left the sorted part of the queue (Feather moved it to the head, or it left the queue);
+        returns where it was there (None: not kept, or not in it)."""
         seq, in_order = self._seqs[req], self._in_order
         if seq < 0 or in_order is None:
-            return
+            return None
         i = bisect_left(in_order, seq)
         if i < len(in_order) and in_order[i] == seq:
             del in_order[i]
+            return i
+        return None
 
     def put_in(self, req: Any) -> int | None:
         """`req` goes back into the sorted part of the queue; returns its place there (None: not kept)."""

@@ -54,7 +54,7 @@ class QueueSlots:
         if queue is None or pick is None:
             return
         req = self._pick_req = self.mirror.request(pick.request_id)
-        there = self._position(queue, req, slot)
+        there = self._position(queue, req, slot, self.mirror.rank(req))
         if there is None:
             return
         if there != slot:
@@ -77,14 +77,14 @@ class QueueSlots:
             self._moved += reqs
             self.mirror.forget_order()
             return reqs
+        take_out, moved = self.mirror.take_out, self._moved
         for req in reqs:
-            there = self._position(queue, req, slot)
+            there = self._position(queue, req, slot, take_out(req))
             if there is None:
                 raise LookupError(f"planned request {req.rid!r} is not in the waiting queue")
             if there != slot:
                 queue.insert(slot, queue.pop(there))
-            self._moved.append(req)
-            self.mirror.take_out(req)
+            moved.append(req)
             slot += 1
         return reqs
 
@@ -115,17 +115,18 @@ class QueueSlots:
         """Where `req` belongs in `queue[lo:]` by the mirror's queue numbers (bisection)."""
         return bisect_left(queue, self.mirror.seq(req), lo=lo, key=self.mirror.seq)
 
-    def _position(self, queue: list[Any], req: Any, lo: int) -> int | None:
+    def _position(self, queue: list[Any], req: Any, lo: int, rank: int | None) -> int | None:
         """Where `req` is in `queue[lo:]`, the sorted part of the queue once Feather's moves and the requests
-        its loop passed are before `lo`: its rank there (`QueueMirror.rank`), checked by identity, else by
-        bisection on the mirror's queue numbers, checked, with a scan when the order was disturbed."""
-        if lo < len(queue) and queue[lo] is req:
-            return lo
-        if self.mirror.knows_order:
-            there = lo + self.mirror.rank(req)
+        its loop passed are before `lo`: `lo + rank`, its rank there (`QueueMirror.take_out`; None: not kept),
+        checked by identity, else by bisection on the mirror's queue numbers, checked, with a scan when the
+        order was disturbed."""
+        if rank is not None:
+            there = lo + rank
             if there < len(queue) and queue[there] is req:
                 return there
             self.num_misses += 1
+        elif lo < len(queue) and queue[lo] is req:
+            return lo
         there = self._sorted_slot(queue, req, lo)
         if there < len(queue) and queue[there] is req:
             return there

@@ -18,7 +18,7 @@ from sglang_feather.offline.sglang_objects import (
     server_tree_cache,
     token_ids,
 )
-from sglang_feather.sglang.cache_events import EventTap, EventTranslator, events_enabled
+from sglang_feather.sglang.cache_events import EventTap, EventTranslator, event_source, events_enabled
 from sglang_feather.sglang.page_runs import NativePageRuns, PythonPageRuns
 
 CHUNK = 8
@@ -94,6 +94,30 @@ def test_the_publisher_still_gets_every_event():
     assert admission.tree.num_cached == 39 // CHUNK + (29 - 24 + 20) // CHUNK
     tap.close()
     assert "take_events" not in cache.__dict__
+
+
+def test_the_rust_cores_queue_is_drained_directly_with_the_events_take_events_returns():
+    """On the cache a 0.5.23 server builds, the tap drains the Rust core's queue itself (one call when it is
+    empty) and gets exactly what `take_events` would: twin caches, the same inserts and evictions."""
+    fast, public = cache_with_events(page_size=4), cache_with_events(page_size=4)
+    take = event_source(fast)
+    assert take != fast.take_events, "SGLang 0.5.23's Rust path was not recognised (cache_events.RUST_EVENT_PATH)"
+    rng = np.random.default_rng(1)
+    for step in range(6):
+        for _ in range(3):
+            tokens = rng.integers(1, 50, int(rng.integers(4, 60))).tolist()
+            for cache in (fast, public):
+                cache_prompt(cache, tokens)
+        for cache in (fast, public):
+            cache.evict(EvictParams(num_tokens=int(rng.integers(0, 40))))
+        events, expected = take(), public.take_events()
+        assert events == expected and (step == 0 or events), f"step {step}"
+    assert take() == [] == public.take_events()
+
+
+def test_other_caches_are_drained_through_take_events():
+    cache = cache_with_events(page_size=1, kind="python")
+    assert event_source(cache) == cache.take_events
 
 
 def test_events_are_off_unless_the_cache_was_built_with_them():

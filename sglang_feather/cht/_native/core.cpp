@@ -901,6 +901,7 @@ class Core {
 
     size_t num_requests() const { return num_requests_; }
     size_t num_active() const { return num_active_; }
+    size_t num_waiting() const { return num_requests_ - num_active_; }
     size_t num_running_groups() const { return num_running_groups_; }
     size_t num_suspended() const { return suspended_.size(); }
     size_t num_nodes() const { return num_nodes_; }
@@ -3084,6 +3085,7 @@ NB_MODULE(_core, m) {
         .def(nb::init<int64_t>())
         .def_prop_ro("_num_requests", &Core::num_requests)
         .def_prop_ro("num_active", &Core::num_active)
+        .def_prop_ro("num_waiting", &Core::num_waiting)
         .def_prop_ro("num_running_groups", &Core::num_running_groups)
         .def_prop_ro("num_suspended", &Core::num_suspended)
         .def_prop_ro("num_nodes", &Core::num_nodes)
