@@ -9,6 +9,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+try:
+    from sglang_feather.cht._native._core import gather_to
+except ImportError:  # the Python core: picks are moved one at a time
+    gather_to = None
+
 # How it works.
 #
 # SGLang owns the truth: `waiting_queue` (a list of `Req`) and the running batch. The runtime forwards the
@@ -29,7 +34,9 @@ from typing import Any
 # the rest of the scheduler's step). It follows the queue's own events (appends, requests leaving, Feather's
 # moves and put-backs) and is rebuilt by every `sync`; it is a hint, which the runtime checks by identity. A
 # queue small enough that a pass's picks are over 1/8 of it has its tail rebuilt instead (one pass that reads
-# every `Req` there): the array is then not kept until the next sync, and put-backs bisect the queue.
+# every `Req` there): the array is then not kept until the next sync, and put-backs bisect the queue. With
+# the compiled core a planned block is moved, and taken out of the array, in one pass over each
+# (`take_out_block`, queue_moves.cpp) instead of two list shifts and an array shift per request.
 
 
 def namespace_of(req: Any) -> str | None:
@@ -142,6 +149,21 @@ class QueueMirror:
             del in_order[i]
             return i
         return None
+
+    def take_out_block(self, queue: list[Any], slot: int, reqs: list[Any]) -> bool:
+        """Move `reqs`, all in the queue's sorted part (which starts at `queue[slot]`), to `queue[slot:]` in their
+        order and take them out of that part, in one pass over each (`gather_to`, compiled); False, with
+        nothing changed, when the compiled core is not built, `in_order` is not kept, or a request is not
+        where its rank says."""
+        in_order = self._in_order
+        if gather_to is None or in_order is None:
+            return False
+        seqs = self._seqs
+        ranks = [bisect_left(in_order, seqs[req]) for req in reqs]
+        if not gather_to(queue, slot, reqs, ranks, in_order):
+            return False
+        del in_order[len(in_order) - len(reqs) :]
+        return True
 
     def put_in(self, req: Any) -> int | None:
         """`req` goes back into the sorted part of the queue; returns its place there (None: not kept)."""

@@ -77,6 +77,9 @@ class QueueSlots:
             self._moved += reqs
             self.mirror.forget_order()
             return reqs
+        if self.mirror.take_out_block(queue, slot, reqs):
+            self._moved += reqs
+            return reqs
         take_out, moved = self.mirror.take_out, self._moved
         for req in reqs:
             there = self._position(queue, req, slot, take_out(req))

@@ -1,0 +1,91 @@
+// Moving a planned block of requests to the slots SGLang's admission loop reaches next, in one pass.
+//
+// How it works: `gather_to(queue, slot, reqs, ranks, in_order)` is the SGLang adapter's placement of k planned
+// requests (sglang/slots.py `_place`) when the waiting queue's sorted part starts at `slot`: request i sits at
+// `slot + ranks[i]` and its queue number at `in_order[ranks[i]]` (the mirror's array of the sorted part's queue
+// numbers, sglang/mirror.py). Moving them one at a time shifts the queue's pointer array twice per request
+// (pop, then insert) and the mirror's array once; here the queue's `[slot, slot + max rank]` is rewritten once
+// (the k requests in plan order, then the others in their order: a permutation, so no reference count
+// changes, no allocation) and the k entries of `in_order` are squeezed out in one pass, leaving its last k entries for the
+// caller to drop. Every position is checked by identity first; if one is not where its rank says, nothing
+// changes and it returns False (the caller then moves them one at a time).
+
+#include <Python.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+// A writable view of an `array('q')` (released on scope exit).
+class Int64Buffer {
+  public:
+    explicit Int64Buffer(nb::handle array) {
+        if (PyObject_GetBuffer(array.ptr(), &view_, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0)
+            throw nb::python_error();
+        if (view_.itemsize != 8 || view_.format == nullptr || std::strcmp(view_.format, "q") != 0) {
+            PyBuffer_Release(&view_);
+            throw nb::type_error("in_order must be an array('q')");
+        }
+    }
+    ~Int64Buffer() { PyBuffer_Release(&view_); }
+    Int64Buffer(const Int64Buffer&) = delete;
+    Int64Buffer& operator=(const Int64Buffer&) = delete;
+
+    int64_t* data() { return static_cast<int64_t*>(view_.buf); }
+    Py_ssize_t size() const { return view_.len / 8; }
+
+  private:
+    Py_buffer view_{};
+};
+
+bool gather_to(nb::list queue, Py_ssize_t slot, nb::list reqs, std::vector<Py_ssize_t> ranks, nb::handle in_order) {
+    const Py_ssize_t k = PyList_GET_SIZE(reqs.ptr()), n = PyList_GET_SIZE(queue.ptr());
+    if (k != static_cast<Py_ssize_t>(ranks.size())) throw nb::value_error("one rank per request");
+    Int64Buffer order(in_order);
+    if (k == 0) return true;
+    if (slot < 0 || slot > n) return false;
+    PyObject** items = reinterpret_cast<PyListObject*>(queue.ptr())->ob_item;
+    for (Py_ssize_t i = 0; i < k; ++i) {
+        Py_ssize_t rank = ranks[static_cast<size_t>(i)];
+        if (rank < 0 || rank >= order.size() || rank >= n - slot) return false;
+        if (items[slot + rank] != PyList_GET_ITEM(reqs.ptr(), i)) return false;
+    }
+    std::vector<Py_ssize_t> sorted = ranks;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return false;
+
+    // The queue, in place: the others in [slot, slot + max rank] shift towards its end past the requests
+    // after them (back to front, a memmove per run between two requests), then the requests take its front.
+    Py_ssize_t write = slot + sorted.back() + 1;
+    for (size_t j = sorted.size(); j-- > 0;) {
+        Py_ssize_t from = slot + sorted[j] + 1, to = j + 1 < sorted.size() ? slot + sorted[j + 1] : write;
+        write -= to - from;
+        std::memmove(items + write, items + from, static_cast<size_t>(to - from) * sizeof(PyObject*));
+    }
+    std::memmove(items + slot + k, items + slot, static_cast<size_t>(sorted.front()) * sizeof(PyObject*));
+    for (Py_ssize_t i = 0; i < k; ++i) items[slot + i] = PyList_GET_ITEM(reqs.ptr(), i);
+
+    // `in_order` less the k ranks, squeezed to its front (the caller drops its last k entries).
+    int64_t* seqs = order.data();
+    write = sorted.front();
+    for (size_t j = 0; j < sorted.size(); ++j) {
+        Py_ssize_t from = sorted[j] + 1, to = j + 1 < sorted.size() ? sorted[j + 1] : order.size();
+        std::memmove(seqs + write, seqs + from, static_cast<size_t>(to - from) * sizeof(int64_t));
+        write += to - from;
+    }
+    return true;
+}
+
+}  // namespace
+
+void bind_queue_moves(nb::module_& m) {
+    m.def("gather_to", &gather_to, "queue"_a, "slot"_a, "reqs"_a, "ranks"_a, "in_order"_a);
+}

@@ -1,0 +1,64 @@
+"""`gather_to` (queue_moves.cpp) against moving the requests one at a time, and refusing what it cannot do."""
+
+from array import array
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.cht.conftest import native_tree
+
+
+def gather_to():
+    native_tree()  # fails loudly (or skips under SGLANG_FEATHER_CHT=python) when the core is not built
+    from sglang_feather.cht._native._core import gather_to
+
+    return gather_to
+
+
+def one_at_a_time(queue: list, slot: int, reqs: list, in_order: array) -> None:
+    """The reference: each request popped and inserted at the next slot, its queue number deleted."""
+    seq = {id(req): num for req, num in zip(queue[slot:], in_order, strict=True)}
+    for req in reqs:
+        queue.insert(slot, queue.pop(queue.index(req, slot)))
+        del in_order[in_order.index(seq[id(req)])]
+        slot += 1
+
+
+@st.composite
+def blocks(draw):
+    num_head = draw(st.integers(0, 5))
+    num_sorted = draw(st.integers(1, 60))
+    ranks = draw(st.lists(st.integers(0, num_sorted - 1), unique=True, max_size=num_sorted))
+    return num_head, num_sorted, ranks
+
+
+@settings(max_examples=300, deadline=None)
+@given(blocks())
+def test_a_block_lands_as_if_moved_one_at_a_time(block):
+    num_head, num_sorted, ranks = block
+    queue = [object() for _ in range(num_head + num_sorted)]
+    in_order = array("q", range(100, 100 + 3 * num_sorted, 3))
+    reqs = [queue[num_head + rank] for rank in ranks]
+    expected_queue, expected_order = list(queue), array("q", in_order)
+    one_at_a_time(expected_queue, num_head, reqs, expected_order)
+    assert gather_to()(queue, num_head, reqs, ranks, in_order)
+    del in_order[len(in_order) - len(reqs) :]
+    assert all(a is b for a, b in zip(queue, expected_queue, strict=True))
+    assert in_order == expected_order
+
+
+@settings(max_examples=200, deadline=None)
+@given(blocks(), st.data())
+def test_a_rank_that_does_not_match_changes_nothing(block, data):
+    num_head, num_sorted, ranks = block
+    if not ranks:
+        return
+    queue = [object() for _ in range(num_head + num_sorted)]
+    in_order = array("q", range(num_sorted))
+    reqs = [queue[num_head + rank] for rank in ranks]
+    wrong = list(ranks)
+    i = data.draw(st.integers(0, len(ranks) - 1))
+    wrong[i] = data.draw(st.sampled_from([r for r in range(-1, num_sorted + 2) if r != ranks[i]]))
+    before_queue, before_order = list(queue), array("q", in_order)
+    assert not gather_to()(queue, num_head, reqs, wrong, in_order)
+    assert all(a is b for a, b in zip(queue, before_queue, strict=True)) and in_order == before_order
