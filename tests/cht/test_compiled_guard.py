@@ -24,7 +24,14 @@ def compiled_guard_type():
 
 
 def state(guard) -> tuple:
-    return (guard.max_wait_s, guard.when_overtaken, guard.enabled, guard.lead_s, guard.due_wait_s, guard.bound_wait_s)
+    return (
+        guard.max_wait_s,
+        guard.when_overtaken,
+        guard.enabled,
+        guard.lead_s,
+        guard.due_wait_s,
+        guard.bound_wait_s,
+    )
 
 
 class GuardTwins(RuleBasedStateMachine):
@@ -35,7 +42,10 @@ class GuardTwins(RuleBasedStateMachine):
         when_overtaken=st.booleans(),
     )
     def start(self, max_wait_s, when_overtaken):
-        self.twins = [AgingGuard(max_wait_s, when_overtaken), compiled_guard_type()(max_wait_s, when_overtaken)]
+        self.twins = [
+            AgingGuard(max_wait_s, when_overtaken),
+            compiled_guard_type()(max_wait_s, when_overtaken),
+        ]
         self.num_calls = 0
 
     @rule(wait_s=WAITS)

@@ -101,7 +101,9 @@ def test_the_rust_cores_queue_is_drained_directly_with_the_events_take_events_re
     empty) and gets exactly what `take_events` would: twin caches, the same inserts and evictions."""
     fast, public = cache_with_events(page_size=4), cache_with_events(page_size=4)
     take = event_source(fast)
-    assert take != fast.take_events, "SGLang 0.5.23's Rust path was not recognised (cache_events.RUST_EVENT_PATH)"
+    assert take != fast.take_events, (
+        "SGLang 0.5.23's Rust path was not recognised (cache_events.RUST_EVENT_PATH)"
+    )
     rng = np.random.default_rng(1)
     for step in range(6):
         for _ in range(3):
