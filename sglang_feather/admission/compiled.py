@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from sglang_feather.admission.core import Admission
 from sglang_feather.admission.costs import NoFootprint
 from sglang_feather.admission.plan import Planning
@@ -9,6 +11,7 @@ from sglang_feather.cht import Candidate
 from sglang_feather.cht._native._core import AgingGuard as CompiledGuard
 from sglang_feather.cht.checks import checked_max_missing
 from sglang_feather.cht.native import NativeTree
+from sglang_feather.policy.base import Decision
 
 # How it works. `Planning` (plan.py) is the algorithm and the reference model; here the compiled tree runs it:
 # `_plan_ahead` takes the picks with the due checks of a compiled copy of the guard and keeps the plan's
@@ -19,12 +22,18 @@ from sglang_feather.cht.native import NativeTree
 
 __all__ = ["CompiledAdmission", "CompiledGuard", "CompiledPlanning"]
 
+NO_LIMIT = sys.maxsize
+"""`max_missing` None: no budget (`checked_max_missing`'s)."""
+
 
 class CompiledPlanning(Planning):
     """`Planning` on the compiled tree and guard; same picks, counts and guard state (tests/core/test_pass_plan.py)."""
 
     def plan_ahead(self, batch_size: int, max_picks: int, max_missing: int | None = None) -> list[Candidate]:
-        if not self.can_plan:
+        in_flight = self._in_flight  # `can_plan`, read without its two property frames
+        if self._stopper.blind_decision is not Decision.ADD or (
+            in_flight.enabled and not in_flight.cache_events
+        ):
             raise ValueError("plan_ahead needs a stopper that adds without looking and no engine-asked check")
         if self._groups_closed:
             raise RuntimeError("a planned pass was closed to new prefix groups (only a STOP closes one)")
@@ -33,8 +42,8 @@ class CompiledPlanning(Planning):
             self._aged_this_pass,
             batch_size,
             max_picks,
-            checked_max_missing(max_missing),
-            self._in_flight.enabled,
+            NO_LIMIT if max_missing is None else checked_max_missing(max_missing),
+            in_flight.enabled,
             self.clock(),
         )
         self.stats.num_deferred += num_skipped

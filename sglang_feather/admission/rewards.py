@@ -44,7 +44,7 @@ class RewardWindow:
 
     def roll(self) -> None:
         """At a pass's first stopper decision: reward the open window if it decoded anything, open the next."""
-        if not self._open or self._close():
+        if not self._open or (self._num_tokens and self._close()):
             self._open = True
             self._num_tokens = 0
             self._decode_s = 0.0
@@ -57,7 +57,7 @@ class RewardWindow:
             self._decode_s += elapsed
 
     def prefill_step(self) -> None:
-        self._step_elapsed()
+        self._last_event_s = self.clock()  # `_step_elapsed`, whose result a prefill step does not count
 
     def drained(self) -> None:
         """Nothing runs any more: reward the open window and open none until the next decision."""

@@ -7,6 +7,8 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 try:
@@ -37,6 +39,9 @@ except ImportError:  # the Python core: picks are moved one at a time
 # every `Req` there): the array is then not kept until the next sync, and put-backs bisect the queue. With
 # the compiled core a planned block is moved, and taken out of the array, in one pass over each
 # (`take_out_block`, queue_moves.cpp) instead of two list shifts and an array shift per request.
+
+
+_REQ = attrgetter("req")
 
 
 def namespace_of(req: Any) -> str | None:
@@ -99,8 +104,7 @@ class QueueMirror:
 
     def requests(self, rids: Iterable[Any]) -> list[Any]:
         """`request` of each."""
-        entries = self._entries
-        return [entries[rid].req for rid in rids]
+        return list(map(_REQ, map(self._entries.__getitem__, rids)))
 
     def tracked(self) -> Iterable[Any]:
         return self._entries.keys()
@@ -158,9 +162,9 @@ class QueueMirror:
         in_order = self._in_order
         if gather_to is None or in_order is None:
             return False
-        seqs = self._seqs
-        ranks = [bisect_left(in_order, seqs[req]) for req in reqs]
-        if not gather_to(queue, slot, reqs, ranks, in_order):
+        seqs = list(map(self._seqs.__getitem__, reqs))
+        ranks = list(map(bisect_left, repeat(in_order), seqs))
+        if not gather_to(queue, slot, reqs, ranks, in_order, seqs):
             return False
         del in_order[len(in_order) - len(reqs) :]
         return True

@@ -152,8 +152,10 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
         self._pick = None
         self._fcfs_pass = False
         try:
-            self.drain_events()
-            self._report_launched()
+            if self.events is not None:
+                self.events.drain()
+            if self._launched is not None:
+                self._report_launched()
             self.admission.begin_pass()
             if self._needs_rebuild:
                 self._rebuild(waiting_queue, running)
@@ -273,10 +275,12 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
         self._queue = None
         self._pick = self._pick_req = None
         try:
-            self._settle_plan()
+            if self.planned is not None:
+                self._settle_plan()
             self._last_num_admitted = self.admission.stats.num_admitted - self._admitted_before
             self.admission.end_pass()
-            self._report_launched()
+            if self._launched is not None:
+                self._report_launched()
             batch = plan.batch_to_run
             if batch is not None:
                 if batch.forward_mode.is_decode():

@@ -5,11 +5,14 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable
 from itertools import filterfalse
+from operator import attrgetter
 from typing import Any
 
 from sglang_feather.admission import Admission, Pick
 from sglang_feather.cht import Candidate
 from sglang_feather.sglang.mirror import QueueMirror
+
+_REQUEST_ID = attrgetter("request_id")
 
 REBUILD_RATIO = 8
 """Planned picks are placed by rebuilding the queue's tail when they are over 1/8 of it (each move is a
@@ -66,7 +69,7 @@ class QueueSlots:
     def _place(self, picks: list[Candidate], slot: int) -> list[Any]:
         """Move planned picks into `queue[slot:]` in order; returns their `Req`s."""
         queue = self._queue
-        reqs = self.mirror.requests([pick.request_id for pick in picks])
+        reqs = self.mirror.requests(map(_REQUEST_ID, picks))
         if queue is None:
             return reqs
         if len(reqs) * REBUILD_RATIO > len(queue) - slot:  # one C-speed rebuild beats a move per pick

@@ -39,9 +39,10 @@ def test_a_block_lands_as_if_moved_one_at_a_time(block):
     queue = [object() for _ in range(num_head + num_sorted)]
     in_order = array("q", range(100, 100 + 3 * num_sorted, 3))
     reqs = [queue[num_head + rank] for rank in ranks]
+    seqs = [in_order[rank] for rank in ranks]
     expected_queue, expected_order = list(queue), array("q", in_order)
     one_at_a_time(expected_queue, num_head, reqs, expected_order)
-    assert gather_to()(queue, num_head, reqs, ranks, in_order)
+    assert gather_to()(queue, num_head, reqs, ranks, in_order, seqs)
     del in_order[len(in_order) - len(reqs) :]
     assert all(a is b for a, b in zip(queue, expected_queue, strict=True))
     assert in_order == expected_order
@@ -60,5 +61,7 @@ def test_a_rank_that_does_not_match_changes_nothing(block, data):
     i = data.draw(st.integers(0, len(ranks) - 1))
     wrong[i] = data.draw(st.sampled_from([r for r in range(-1, num_sorted + 2) if r != ranks[i]]))
     before_queue, before_order = list(queue), array("q", in_order)
-    assert not gather_to()(queue, num_head, reqs, wrong, in_order)
+    seqs = [in_order[rank] for rank in ranks]
+    assert not gather_to()(queue, num_head, reqs, wrong, in_order, seqs)
+    assert not gather_to()(queue, num_head, reqs, ranks, in_order, [seq + 1 for seq in seqs]), "a number off"
     assert all(a is b for a, b in zip(queue, before_queue, strict=True)) and in_order == before_order

@@ -2,12 +2,13 @@
 //
 // How it works: `gather_to(queue, slot, reqs, ranks, in_order)` is the SGLang adapter's placement of k planned
 // requests (sglang/slots.py `_place`) when the waiting queue's sorted part starts at `slot`: request i sits at
-// `slot + ranks[i]` and its queue number at `in_order[ranks[i]]` (the mirror's array of the sorted part's queue
+// `slot + ranks[i]` and its queue number `seqs[i]` at `in_order[ranks[i]]` (the mirror's array of the sorted part's queue
 // numbers, sglang/mirror.py). Moving them one at a time shifts the queue's pointer array twice per request
 // (pop, then insert) and the mirror's array once; here the queue's `[slot, slot + max rank]` is rewritten once
 // (the k requests in plan order, then the others in their order: a permutation, so no reference count
 // changes, no allocation) and the k entries of `in_order` are squeezed out in one pass, leaving its last k entries for the
-// caller to drop. Every position is checked by identity first; if one is not where its rank says, nothing
+// caller to drop. Every position is checked first (the request by identity, its queue number by value); if one
+// is not where its rank says, nothing
 // changes and it returns False (the caller then moves them one at a time).
 
 #include <Python.h>
@@ -46,9 +47,11 @@ class Int64Buffer {
     Py_buffer view_{};
 };
 
-bool gather_to(nb::list queue, Py_ssize_t slot, nb::list reqs, std::vector<Py_ssize_t> ranks, nb::handle in_order) {
+bool gather_to(nb::list queue, Py_ssize_t slot, nb::list reqs, std::vector<Py_ssize_t> ranks, nb::handle in_order,
+               std::vector<int64_t> seqs) {
     const Py_ssize_t k = PyList_GET_SIZE(reqs.ptr()), n = PyList_GET_SIZE(queue.ptr());
-    if (k != static_cast<Py_ssize_t>(ranks.size())) throw nb::value_error("one rank per request");
+    if (k != static_cast<Py_ssize_t>(ranks.size()) || k != static_cast<Py_ssize_t>(seqs.size()))
+        throw nb::value_error("one rank and one queue number per request");
     Int64Buffer order(in_order);
     if (k == 0) return true;
     if (slot < 0 || slot > n) return false;
@@ -56,6 +59,7 @@ bool gather_to(nb::list queue, Py_ssize_t slot, nb::list reqs, std::vector<Py_ss
     for (Py_ssize_t i = 0; i < k; ++i) {
         Py_ssize_t rank = ranks[static_cast<size_t>(i)];
         if (rank < 0 || rank >= order.size() || rank >= n - slot) return false;
+        if (order.data()[rank] != seqs[static_cast<size_t>(i)]) return false;
         if (items[slot + rank] != PyList_GET_ITEM(reqs.ptr(), i)) return false;
     }
     std::vector<Py_ssize_t> sorted = ranks;
@@ -74,11 +78,11 @@ bool gather_to(nb::list queue, Py_ssize_t slot, nb::list reqs, std::vector<Py_ss
     for (Py_ssize_t i = 0; i < k; ++i) items[slot + i] = PyList_GET_ITEM(reqs.ptr(), i);
 
     // `in_order` less the k ranks, squeezed to its front (the caller drops its last k entries).
-    int64_t* seqs = order.data();
+    int64_t* numbers = order.data();
     write = sorted.front();
     for (size_t j = 0; j < sorted.size(); ++j) {
         Py_ssize_t from = sorted[j] + 1, to = j + 1 < sorted.size() ? sorted[j + 1] : order.size();
-        std::memmove(seqs + write, seqs + from, static_cast<size_t>(to - from) * sizeof(int64_t));
+        std::memmove(numbers + write, numbers + from, static_cast<size_t>(to - from) * sizeof(int64_t));
         write += to - from;
     }
     return true;
@@ -87,5 +91,5 @@ bool gather_to(nb::list queue, Py_ssize_t slot, nb::list reqs, std::vector<Py_ss
 }  // namespace
 
 void bind_queue_moves(nb::module_& m) {
-    m.def("gather_to", &gather_to, "queue"_a, "slot"_a, "reqs"_a, "ranks"_a, "in_order"_a);
+    m.def("gather_to", &gather_to, "queue"_a, "slot"_a, "reqs"_a, "ranks"_a, "in_order"_a, "seqs"_a);
 }
