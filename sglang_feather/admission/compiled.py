@@ -9,7 +9,6 @@ from sglang_feather.admission.costs import NoFootprint
 from sglang_feather.admission.plan import Planning
 from sglang_feather.cht import Candidate
 from sglang_feather.cht._native._core import AgingGuard as CompiledGuard
-from sglang_feather.cht.checks import checked_max_missing
 from sglang_feather.cht.native import NativeTree
 from sglang_feather.policy.base import Decision
 
@@ -23,7 +22,7 @@ from sglang_feather.policy.base import Decision
 __all__ = ["CompiledAdmission", "CompiledGuard", "CompiledPlanning"]
 
 NO_LIMIT = sys.maxsize
-"""`max_missing` None: no budget (`checked_max_missing`'s)."""
+"""`max_missing` None: no budget (as `checked_max_missing` reads it)."""
 
 
 class CompiledPlanning(Planning):
@@ -42,7 +41,7 @@ class CompiledPlanning(Planning):
             self._aged_this_pass,
             batch_size,
             max_picks,
-            NO_LIMIT if max_missing is None else checked_max_missing(max_missing),
+            NO_LIMIT if max_missing is None else max_missing,  # the core refuses a non-integer or one below 1
             in_flight.enabled,
             self.clock(),
         )

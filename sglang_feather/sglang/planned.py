@@ -138,8 +138,9 @@ class PlannedPasses:
         """Book what SGLang admitted of the plan and undo the rest; the pass (if it goes on) steps."""
         if self.planned is None:
             return
-        num_admitted = self.num_planned_admitted
-        self._close_plan()
+        can_run = self.planned_can_run
+        num_admitted = 0 if can_run is None else len(can_run) - self.planned_mark  # `num_planned_admitted`
+        self.planned = self.planned_can_run = None  # `_close_plan`
         mark = self._moved_mark
         del self._moved[mark : mark + num_admitted]  # SGLang's filter takes the admitted ones out
         num_consults, num_group = self.admission.stats.num_consults, self.admission.stats.num_group_consults

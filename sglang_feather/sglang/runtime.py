@@ -295,7 +295,8 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
                 self._self_check(scheduler, plan)
             if self.admission.num_active == 0:
                 self.admission.on_batch_drained()
-            self._maybe_save(now)
+            if self.config.state_path is not None:
+                self._maybe_save(now)
         except Exception:
             self._failed("step end", [])
         self._step_s += time.perf_counter() - t0
@@ -362,13 +363,10 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
             self.metrics.error()
 
     def _maybe_save(self, now: float) -> None:
-        """Persist learned state at most every SAVE_INTERVAL_S, and only after new rewards arrived."""
+        """Persist learned state (a state path is set) at most every SAVE_INTERVAL_S, and only after new rewards
+        arrived."""
         num_windows = self.admission.stats.num_windows
-        if (
-            self.config.state_path is not None
-            and num_windows != self._saved_windows
-            and now - self._last_save >= SAVE_INTERVAL_S
-        ):
+        if num_windows != self._saved_windows and now - self._last_save >= SAVE_INTERVAL_S:
             self._last_save = now
             self._saved_windows = num_windows
             self.admission.save_state()

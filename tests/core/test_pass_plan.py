@@ -194,3 +194,17 @@ def test_only_a_blind_adding_stopper_without_engine_queries_plans(planner):
     )
     with pytest.raises(ValueError, match="plan_ahead needs"):
         make(stopper="static", planner=planner).plan_ahead(0, 1)
+
+
+@pytest.mark.parametrize("planner", PLANNERS)
+def test_a_bad_budget_is_refused_before_anything_is_planned(planner):
+    adm = make(planner=planner)
+    adm.enqueue("a", [1] * 9)
+    adm.begin_pass()
+    with pytest.raises(ValueError, match="max_missing must be >= 1"):
+        adm.plan_ahead(0, 3, 0)
+    for bad in ("3", 1.5):
+        with pytest.raises(TypeError):
+            adm.plan_ahead(0, 3, bad)
+    assert adm.num_planned == 0 and adm.tree.num_active == 0
+    assert [p.request_id for p in adm.plan_ahead(0, 3, 1)] == ["a"]
