@@ -107,7 +107,8 @@ class EventTap:
     def __init__(self, tree_cache: Any, translator: EventTranslator, *, publish: bool) -> None:
         self.translator = translator
         self._cache = tree_cache
-        self._take = event_source(tree_cache)
+        source = event_source(tree_cache)
+        self._take, self._convert = source.take, source.convert
         self._publish = publish
         self._pending: list[Any] = []
         tree_cache.take_events = self.take_for_publisher
@@ -123,6 +124,8 @@ class EventTap:
         events = self._take()
         if not events:
             return
+        if self._convert is not None:
+            events = self._convert(events)
         self.translator.feed(events)
         if self._publish:
             self._pending.extend(events)
@@ -141,7 +144,20 @@ RUST_EVENT_PATH = (
 """The calls SGLang 0.5.23's `take_events` makes down to the Rust tree core's event queue, by qualified name."""
 
 
-def event_source(tree_cache: Any) -> Callable[[], list[Any]]:
+@dataclass(frozen=True)
+class EventSource:
+    """Where a drain reads the cache's KV events: `take()` returns them as the queue holds them, and `convert`
+    (None: they need nothing) turns a non-empty batch into what the cache's `take_events` returns."""
+
+    take: Callable[[], list[Any]]
+    convert: Callable[[list[Any]], list[Any]] | None = None
+
+    def events(self) -> list[Any]:
+        raw = self.take()
+        return raw if not raw or self.convert is None else self.convert(raw)
+
+
+def event_source(tree_cache: Any) -> EventSource:
     """What drains the cache's KV events, returning what its `take_events` would: on SGLang 0.5.23's Rust tree
     core, its binding's queue, converted by SGLang's own converter only when it holds events (a drain that
     finds none, most of them, then costs one call into Rust instead of four Python frames: about 10 µs of a
@@ -155,16 +171,12 @@ def event_source(tree_cache: Any) -> Callable[[], list[Any]]:
     binding = getattr(recorder, "_binding", None)
     convert = getattr(sys.modules.get(type(recorder).__module__), "_kv_event_from_tagged", None)
     if path != RUST_EVENT_PATH or binding is None or convert is None:
-        return tree_cache.take_events
-    take_raw = binding.take_events
+        return EventSource(tree_cache.take_events)
 
-    def take() -> list[Any]:
-        raw = take_raw()
-        if not raw:
-            return []
+    def converted(raw: list[Any]) -> list[Any]:
         return [convert(event, recorder._lora_names, recorder._dynamo_format) for event in raw]
 
-    return take
+    return EventSource(binding.take_events, converted)
 
 
 def events_enabled(tree_cache: Any) -> bool:

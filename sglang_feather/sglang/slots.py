@@ -100,10 +100,19 @@ class QueueSlots:
         moved, self._moved = self._moved, []
         if not moved or not queue:
             return
-        moved_ids = set(map(id, moved))
-        num_head = 0
-        while num_head < len(queue) and id(queue[num_head]) in moved_ids:
+        num_head = 0  # SGLang's filter leaves them at the head in the order they were moved
+        for req in moved:
+            if num_head == len(queue) or queue[num_head] is not req:
+                break
             num_head += 1
+        if (
+            num_head < len(moved) and num_head < len(queue) and queue[num_head] in moved
+        ):  # `Req` compares by identity
+            moved_ids = set(map(id, moved))  # in another order: every moved request at the head
+            while num_head < len(queue) and id(queue[num_head]) in moved_ids:
+                num_head += 1
+        if not num_head:
+            return
         head = queue[:num_head]
         del queue[:num_head]
         seq = self.mirror.seq
