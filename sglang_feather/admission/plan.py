@@ -39,7 +39,8 @@ from sglang_feather.types import RequestId
 # withdrawn when the loop reached it, and undoes the rest in reverse: deactivated (a deactivated request keeps
 # its place in the ranking) and the requests skipped while taking them resumed and uncounted. The requests
 # skipped while taking a pick stay skipped when the pick before it was admitted: the step-by-step path takes
-# each next pick right after an admission, whether or not the loop then reaches it.
+# each next pick right after an admission, whether or not the loop then reaches it. On the compiled core the
+# same pass runs in core.cpp (`compiled.py`); this class is its reference model and the Python core's path.
 
 
 @dataclass
