@@ -1038,41 +1038,15 @@ class Core {
             if (reqs_[head].state != WAITING) raise_state(first, head, nullptr);
             if (reqs_[head].suspended) transition(first, ALREADY_SUSPENDED, WAITING);
         }
+        PassPlan taken;  // the planned pass's loop (`take_planned`) on a plan of its own
+        take_planned(taken, max_picks, max_missing, head, skip_running_uncached, 0.0);
         nb::list picks, skipped, ends;
-        uint32_t last = NIL;
-        int64_t num_missing = 0, i = 0;
-        if (head != NIL && max_picks > 0) {
-            int64_t values[NUM_COUNTS];
-            describe_into(head, values);
-            if (skip_running_uncached && std::min(values[2], values[0] - 1) > values[3]) {
-                suspend(head);
-                skipped.append(nb::borrow(first));
-                return nb::make_tuple(picks, skipped, ends, false);
-            }
-            picks.append(make_candidate(head, values));
-            ends.append(nb::steal(PyLong_FromSsize_t(0)));
-            num_missing = values[1];
-            last = head;
-            i = 1;
+        for (const PlannedPick& pick : taken.picks) {
+            picks.append(pick.candidate);
+            ends.append(nb::steal(PyLong_FromSize_t(pick.skip_end)));
         }
-        for (; i < max_picks && num_missing < max_missing; ++i) {
-            if (last != NIL) activate(last);
-            best();
-            // best_values_: num_chunks, num_missing, depth_running, depth_cached, ... (Candidate.runs_uncached)
-            while (best_handle_ != NIL && skip_running_uncached &&
-                   std::min(best_values_[2], best_values_[0] - 1) > best_values_[3]) {
-                uint32_t h = best_handle_;
-                suspend(h);
-                skipped.append(nb::borrow(PyList_GET_ITEM(ids_.ptr(), h)));
-                best();
-            }
-            if (best_handle_ == NIL) return nb::make_tuple(picks, skipped, ends, true);
-            last = best_handle_;
-            picks.append(best_cache_);
-            ends.append(nb::steal(PyLong_FromSsize_t(PyList_GET_SIZE(skipped.ptr()))));
-            num_missing += best_values_[1];
-        }
-        return nb::make_tuple(picks, skipped, ends, false);
+        for (const nb::object& rid : taken.skipped) skipped.append(rid);
+        return nb::make_tuple(picks, skipped, ends, taken.is_exhausted);
     }
 
     // ------------------------------------------------------------------ a pass planned ahead
