@@ -17,7 +17,7 @@ from sglang_feather.policy.base import Decision
 # columns, `_settle_plan` undoes what the engine did not admit, feeds the admission's (compiled) guard and
 # returns the counts this mixin adds to the stats. One call into the core each, no Python frame per pick, due
 # check or booked admission. The admission's guard must be the compiled one (`CompiledGuard`, guard.h: the
-# Python `AgingGuard`'s state and results, tests/policy/test_guard_machine.py), which the step path reads too.
+# Python `AgingGuard`'s state and results, tests/cht/test_compiled_guard.py), which the step path reads too.
 
 __all__ = ["CompiledAdmission", "CompiledGuard", "CompiledPlanning"]
 

@@ -1,7 +1,7 @@
 // The aging guard in compiled code: policy/aging.py's `AgingGuard`, the same state and results to the last bit.
 //
 // How it works: see policy/aging.py, whose algorithm this is, step for step (the Python class is the reference
-// model; tests/policy/test_guard_machine.py runs both side by side). The window of recent waits and the delays
+// model; tests/cht/test_compiled_guard.py runs both side by side). The window of recent waits and the delays
 // that set the lead are fixed rings of LEAD_WINDOW doubles, and `ordered` the recent waits kept sorted, so a
 // copy (a planned pass's stand-in guard) is one struct copy with no allocation. A planned pass in core.cpp
 // reads and feeds it without a Python frame; `bind_guard` gives Python the same API as the Python class.
