@@ -7,7 +7,6 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from operator import attrgetter
 from typing import Any
 
@@ -162,9 +161,7 @@ class QueueMirror:
         in_order = self._in_order
         if gather_to is None or in_order is None:
             return False
-        seqs = list(map(self._seqs.__getitem__, reqs))
-        ranks = list(map(bisect_left, repeat(in_order), seqs))
-        if not gather_to(queue, slot, reqs, ranks, in_order, seqs):
+        if not gather_to(queue, slot, reqs, in_order, list(map(self._seqs.__getitem__, reqs))):
             return False
         del in_order[len(in_order) - len(reqs) :]
         return True

@@ -1,15 +1,15 @@
 // Moving a planned block of requests to the slots SGLang's admission loop reaches next, in one pass.
 //
-// How it works: `gather_to(queue, slot, reqs, ranks, in_order)` is the SGLang adapter's placement of k planned
-// requests (sglang/slots.py `_place`) when the waiting queue's sorted part starts at `slot`: request i sits at
-// `slot + ranks[i]` and its queue number `seqs[i]` at `in_order[ranks[i]]` (the mirror's array of the sorted part's queue
-// numbers, sglang/mirror.py). Moving them one at a time shifts the queue's pointer array twice per request
-// (pop, then insert) and the mirror's array once; here the queue's `[slot, slot + max rank]` is rewritten once
-// (the k requests in plan order, then the others in their order: a permutation, so no reference count
-// changes, no allocation) and the k entries of `in_order` are squeezed out in one pass, leaving its last k entries for the
-// caller to drop. Every position is checked first (the request by identity, its queue number by value); if one
-// is not where its rank says, nothing
-// changes and it returns False (the caller then moves them one at a time).
+// How it works: `gather_to(queue, slot, reqs, in_order, seqs)` is the SGLang adapter's placement of k planned
+// requests (sglang/slots.py `_place`) when the waiting queue's sorted part starts at `slot` and `in_order` holds
+// that part's queue numbers (the mirror's array, sglang/mirror.py): request i's number `seqs[i]` is found at
+// `in_order[r]` (`find_number`) and the request itself at `slot + r`. Moving them one at a time shifts the
+// queue's pointer array twice per request (pop, then insert) and the mirror's array once; here the queue's
+// `[slot, slot + max rank]` is rewritten once in place (the k requests in plan order, then the others in their
+// order: a permutation, so no reference count changes and no allocation) and the k entries of `in_order` are
+// squeezed out in one pass, leaving its last k entries for the caller to drop. Every request is checked first
+// (its number is found, and it is where its rank says, by identity); if one is not, nothing changes and it
+// returns False (the caller then moves them one at a time).
 
 #include <Python.h>
 #include <nanobind/nanobind.h>
@@ -47,20 +47,42 @@ class Int64Buffer {
     Py_buffer view_{};
 };
 
-bool gather_to(nb::list queue, Py_ssize_t slot, nb::list reqs, std::vector<Py_ssize_t> ranks, nb::handle in_order,
-               std::vector<int64_t> seqs) {
+// Where `seq` is in the ascending `numbers` (n of them), or n when it is not there. Queue numbers are dense but
+// for the requests that left, so the first probe is interpolated and the search gallops from it: a few cache
+// lines of a cold array, where a bisection reads about log2(n).
+Py_ssize_t find_number(const int64_t* numbers, Py_ssize_t n, int64_t seq) {
+    if (n == 0 || seq < numbers[0] || seq > numbers[n - 1]) return n;
+    double span = static_cast<double>(numbers[n - 1]) - static_cast<double>(numbers[0]);
+    Py_ssize_t at = span > 0 ? static_cast<Py_ssize_t>((static_cast<double>(seq) - numbers[0]) / span * (n - 1)) : 0;
+    at = std::min(std::max<Py_ssize_t>(at, 0), n - 1);
+    Py_ssize_t lo = at, hi = at + 1, step = 1;  // gallop until numbers[lo] <= seq < numbers[hi] (hi may be n)
+    while (lo > 0 && numbers[lo] > seq) {
+        hi = lo;
+        lo = std::max<Py_ssize_t>(lo - step, 0);
+        step *= 2;
+    }
+    while (hi < n && numbers[hi] <= seq) {
+        lo = hi;
+        hi = std::min(hi + step, n);
+        step *= 2;
+    }
+    Py_ssize_t found = std::upper_bound(numbers + lo, numbers + hi, seq) - numbers - 1;
+    return found >= 0 && numbers[found] == seq ? found : n;
+}
+
+bool gather_to(nb::list queue, Py_ssize_t slot, nb::list reqs, nb::handle in_order, std::vector<int64_t> seqs) {
     const Py_ssize_t k = PyList_GET_SIZE(reqs.ptr()), n = PyList_GET_SIZE(queue.ptr());
-    if (k != static_cast<Py_ssize_t>(ranks.size()) || k != static_cast<Py_ssize_t>(seqs.size()))
-        throw nb::value_error("one rank and one queue number per request");
+    if (k != static_cast<Py_ssize_t>(seqs.size())) throw nb::value_error("one queue number per request");
     Int64Buffer order(in_order);
     if (k == 0) return true;
     if (slot < 0 || slot > n) return false;
     PyObject** items = reinterpret_cast<PyListObject*>(queue.ptr())->ob_item;
+    std::vector<Py_ssize_t> ranks(static_cast<size_t>(k));
     for (Py_ssize_t i = 0; i < k; ++i) {
-        Py_ssize_t rank = ranks[static_cast<size_t>(i)];
-        if (rank < 0 || rank >= order.size() || rank >= n - slot) return false;
-        if (order.data()[rank] != seqs[static_cast<size_t>(i)]) return false;
+        Py_ssize_t rank = find_number(order.data(), order.size(), seqs[static_cast<size_t>(i)]);
+        if (rank >= order.size() || rank >= n - slot) return false;
         if (items[slot + rank] != PyList_GET_ITEM(reqs.ptr(), i)) return false;
+        ranks[static_cast<size_t>(i)] = rank;
     }
     std::vector<Py_ssize_t> sorted = ranks;
     std::sort(sorted.begin(), sorted.end());
@@ -91,5 +113,5 @@ bool gather_to(nb::list queue, Py_ssize_t slot, nb::list reqs, std::vector<Py_ss
 }  // namespace
 
 void bind_queue_moves(nb::module_& m) {
-    m.def("gather_to", &gather_to, "queue"_a, "slot"_a, "reqs"_a, "ranks"_a, "in_order"_a, "seqs"_a);
+    m.def("gather_to", &gather_to, "queue"_a, "slot"_a, "reqs"_a, "in_order"_a, "seqs"_a);
 }
