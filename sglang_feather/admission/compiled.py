@@ -10,7 +10,6 @@ from sglang_feather.admission.plan import Planning
 from sglang_feather.cht import Candidate
 from sglang_feather.cht._native._core import AgingGuard as CompiledGuard
 from sglang_feather.cht.native import NativeTree
-from sglang_feather.policy.base import Decision
 
 # How it works. `Planning` (plan.py) is the algorithm and the reference model; here the compiled tree runs it:
 # `_plan_ahead` takes the picks with the due checks of a compiled copy of the guard and keeps the plan's
@@ -29,10 +28,7 @@ class CompiledPlanning(Planning):
     """`Planning` on the compiled tree and guard; same picks, counts and guard state (tests/core/test_pass_plan.py)."""
 
     def plan_ahead(self, batch_size: int, max_picks: int, max_missing: int | None = None) -> list[Candidate]:
-        in_flight = self._in_flight  # `can_plan`, read without its two property frames
-        if self._stopper.blind_decision is not Decision.ADD or (
-            in_flight.enabled and not in_flight.cache_events
-        ):
+        if not self.can_plan:
             raise ValueError("plan_ahead needs a stopper that adds without looking and no engine-asked check")
         if self._groups_closed:
             raise RuntimeError("a planned pass was closed to new prefix groups (only a STOP closes one)")
@@ -42,7 +38,7 @@ class CompiledPlanning(Planning):
             batch_size,
             max_picks,
             NO_LIMIT if max_missing is None else max_missing,  # the core refuses a non-integer or one below 1
-            in_flight.enabled,
+            self._in_flight.enabled,
             self.clock(),
         )
         self.stats.num_deferred += num_skipped

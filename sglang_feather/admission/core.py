@@ -134,10 +134,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
     def begin_pass(self) -> None:
         """A new scheduling pass starts (stoppers with per-pass state reset it)."""
         self._drop_plan()
-        if (
-            self.tree.num_suspended
-        ):  # requests skipped in the last pass compete again (only admission suspends)
-            self.tree.resume_all()
+        self._resume_skipped()
         self._stopper.begin_pass()
         self._in_flight.reset()
         self._decided_this_pass = False
@@ -148,8 +145,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
         """The pass is over: requests skipped in it compete again (a plan not settled is undone, as if the
         engine admitted none of it)."""
         self._drop_plan()
-        if self.tree.num_suspended:  # requests skipped in this pass compete again
-            self.tree.resume_all()
+        self._resume_skipped()
         self._in_flight.reset()
         self._aged_this_pass = False
         self._groups_closed = False
@@ -286,6 +282,12 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
 
     def _suspend(self, request_id: RequestId) -> None:
         self.tree.suspend(request_id)
+
+    def _resume_skipped(self) -> None:
+        """Every request skipped in this pass competes again (only the admission suspends requests, so the
+        tree's suspended set is the pass's skips)."""
+        if self.tree.num_suspended:
+            self.tree.resume_all()
 
     def accept(self, proposal: Proposal) -> None:
         """The engine admitted the proposed request."""

@@ -106,7 +106,7 @@ class Planning:
 
     tree: ChunkedHashTree
     guard: AgingGuard
-    stopper: StoppingPolicy
+    _stopper: StoppingPolicy
     stats: AdmissionStats
     footprint: Footprint
     clock: Callable[[], float]
@@ -123,7 +123,7 @@ class Planning:
     def can_plan(self) -> bool:
         """Whether passes can be planned ahead: the stopper adds without looking (`blind_decision` ADD) and
         the in-flight check asks the engine nothing (it reads the cache tier, or is off)."""
-        return self.stopper.blind_decision is Decision.ADD and not self._in_flight.needs_engine
+        return self._stopper.blind_decision is Decision.ADD and not self._in_flight.needs_engine
 
     def plan_ahead(self, batch_size: int, max_picks: int, max_missing: int | None = None) -> list[Candidate]:
         """Up to `max_picks` more picks of this pass, each taken as `next_pick` takes it once the picks before

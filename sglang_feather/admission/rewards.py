@@ -44,7 +44,7 @@ class RewardWindow:
 
     def roll(self) -> None:
         """At a pass's first stopper decision: reward the open window if it decoded anything, open the next."""
-        if not self._open or (self._num_tokens and self._close()):
+        if not self._open or self._close():
             self._open = True
             self._num_tokens = 0
             self._decode_s = 0.0

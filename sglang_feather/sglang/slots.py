@@ -105,10 +105,9 @@ class QueueSlots:
             if num_head == len(queue) or queue[num_head] is not req:
                 break
             num_head += 1
-        if (
-            num_head < len(moved) and num_head < len(queue) and queue[num_head] in moved
-        ):  # `Req` compares by identity
-            moved_ids = set(map(id, moved))  # in another order: every moved request at the head
+        # In another order (`Req` compares by identity): every moved request at the head.
+        if num_head < len(moved) and num_head < len(queue) and queue[num_head] in moved:
+            moved_ids = set(map(id, moved))
             while num_head < len(queue) and id(queue[num_head]) in moved_ids:
                 num_head += 1
         if not num_head:

@@ -1121,6 +1121,12 @@ class Core {
         for (size_t i = 0; i < n; ++i) waits[i] = plan.picks[i].wait;
         int64_t num_consults = 0, num_group_consults = 0, sum_delta = 0;
         bool rolls = false;
+        auto count_decision = [&](const PlannedPick& pick, int64_t batch_size) {  // `_count_consult`
+            if (!pick.is_forced(batch_size)) {
+                ++num_consults;
+                num_group_consults += pick.adds_group();
+            }
+        };
         if (n > 0) {
             if (!aged) {
                 guard.served_all(waits.data(), n);
@@ -1134,20 +1140,13 @@ class Core {
             for (size_t i = 0; i < n; ++i) {
                 const PlannedPick& pick = plan.picks[i];
                 sum_delta += pick.delta();
-                if (!(aged && i == *plan.aged_index) && !pick.is_forced(plan.batch_size + static_cast<int64_t>(i))) {
-                    ++num_consults;
-                    num_group_consults += pick.adds_group();
-                }
+                if (!(aged && i == *plan.aged_index)) count_decision(pick, plan.batch_size + static_cast<int64_t>(i));
             }
         }
         bool withdrawn = refused && n < num_planned;
         if (withdrawn && plan.aged_index != n) {  // the stopper decided on the refused pick (`_count_decision`)
-            const PlannedPick& pick = plan.picks[n];
             rolls = true;
-            if (!pick.is_forced(plan.batch_size + num_admitted)) {
-                ++num_consults;
-                num_group_consults += pick.adds_group();
-            }
+            count_decision(plan.picks[n], plan.batch_size + num_admitted);
         }
         for (size_t i = 0; i < n; ++i) admitted.append(plan.picks[i].candidate);
         return nb::make_tuple(admitted, num_resumed, num_consults, num_group_consults, sum_delta, aged, rolls, withdrawn);
@@ -2708,6 +2707,10 @@ class Core {
         std::vector<nb::object> skipped;
     };
 
+    // `Candidate.runs_uncached` from `describe_into`'s values: running requests hold chunks of its prompt
+    // that the cache does not (a prompt held whole counts one chunk less: its last token is always computed).
+    static bool runs_uncached(const int64_t* values) { return std::min(values[2], values[0] - 1) > values[3]; }
+
     void checked(int64_t code) const {
         if (code != OK) throw std::runtime_error("a planned pick changed state outside the plan");
     }
@@ -2733,15 +2736,14 @@ class Core {
         if (oldest < 0) return 0;
         const feather::Guard& g = guard_now(plan, guard);
         double oldest_wait = now - reqs_[oldest].arrival;
+        int64_t stranger = oldest_stranger();
+        double stranger_wait = stranger >= 0 ? now - reqs_[stranger].arrival : 0.0;
         if (g.is_starved(oldest_wait)) {  // `Admission._due_request`
-            int64_t stranger = oldest_stranger();
-            if (stranger >= 0 && g.is_starved(now - reqs_[stranger].arrival)) due = static_cast<uint32_t>(stranger);
+            if (stranger >= 0 && g.is_starved(stranger_wait)) due = static_cast<uint32_t>(stranger);
             else if (g.reached_bound(oldest_wait)) due = static_cast<uint32_t>(oldest);
             if (due != NIL) return 0;
         }
-        int64_t stranger = oldest_stranger();
-        if (stranger < 0) return limit;
-        return g.num_not_due(now - reqs_[stranger].arrival, limit);
+        return stranger < 0 ? limit : g.num_not_due(stranger_wait, limit);
     }
 
     void add_pick(PassPlan& plan, uint32_t h, nb::object candidate, const int64_t* values, double now) {
@@ -2768,7 +2770,7 @@ class Core {
         if (due != NIL && num_picks > 0) {
             int64_t values[NUM_COUNTS];
             describe_into(due, values);
-            if (skip && std::min(values[2], values[0] - 1) > values[3]) {
+            if (skip && runs_uncached(values)) {
                 skip_planned(plan, due);
                 return;
             }
@@ -2783,7 +2785,7 @@ class Core {
         for (; i < num_picks && num_missing < max_missing; ++i) {
             if (last != NIL) checked(activate(last));
             best();
-            while (best_handle_ != NIL && skip && std::min(best_values_[2], best_values_[0] - 1) > best_values_[3]) {
+            while (best_handle_ != NIL && skip && runs_uncached(best_values_)) {
                 skip_planned(plan, best_handle_);
                 best();
             }
