@@ -136,7 +136,8 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
         self._drop_plan()
         self._resume_skipped()
         self._stopper.begin_pass()
-        self._in_flight.reset()
+        if self._in_flight.needs_engine:  # no other check keeps anything within a pass
+            self._in_flight.reset()
         self._decided_this_pass = False
         self._aged_this_pass = False
         self._groups_closed = False
@@ -146,7 +147,8 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
         engine admitted none of it)."""
         self._drop_plan()
         self._resume_skipped()
-        self._in_flight.reset()
+        if self._in_flight.needs_engine:
+            self._in_flight.reset()
         self._aged_this_pass = False
         self._groups_closed = False
 

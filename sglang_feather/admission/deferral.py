@@ -46,13 +46,11 @@ class InFlightCheck:
         self.enabled = enabled
         self.page_size = page_size
         self.cache_events = cache_events
+        self.needs_engine = enabled and not cache_events
+        """The check reads more than the tree: the engine's cache (`cached_tokens`) or this pass's admissions.
+        Only such a check keeps anything within a pass (frontiers, admissions) for `reset` to forget."""
         self._frontiers: list[CacheFrontier] = []
         self._pass_admitted: list[RequestId] = []
-
-    @property
-    def needs_engine(self) -> bool:
-        """The check reads more than the tree: the engine's cache (`cached_tokens`) or this pass's admissions."""
-        return self.enabled and not self.cache_events
 
     @property
     def num_admitted(self) -> int:

@@ -71,7 +71,7 @@ class _QueueNumbers(dict):
         return -1
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     req: Any
     num_tokens: int
@@ -153,18 +153,19 @@ class QueueMirror:
             return i
         return None
 
-    def take_out_block(self, queue: list[Any], slot: int, reqs: list[Any]) -> bool:
-        """Move `reqs`, all in the queue's sorted part (which starts at `queue[slot]`), to `queue[slot:]` in their
-        order and take them out of that part, in one pass over each (`gather_to`, compiled); False, with
-        nothing changed, when the compiled core is not built, `in_order` is not kept, or a request is not
-        where its rank says."""
+    def take_out_block(self, queue: list[Any], slot: int, rids: Iterable[Any]) -> list[Any] | None:
+        """Move the requests of `rids`, all in the queue's sorted part (which starts at `queue[slot]`), to
+        `queue[slot:]` in their order and take them out of that part, in one pass over each (`gather_to`,
+        compiled); returns their `Req`s. None, with nothing changed, when the compiled core is not built,
+        `in_order` is not kept, or a request is not where its rank says."""
         in_order = self._in_order
         if gather_to is None or in_order is None:
-            return False
+            return None
+        reqs = list(map(_REQ, map(self._entries.__getitem__, rids)))  # `requests`, without its frame
         if not gather_to(queue, slot, reqs, in_order, list(map(self._seqs.__getitem__, reqs))):
-            return False
+            return None
         del in_order[len(in_order) - len(reqs) :]
-        return True
+        return reqs
 
     def put_in(self, req: Any) -> int | None:
         """`req` goes back into the sorted part of the queue; returns its place there (None: not kept)."""

@@ -68,8 +68,7 @@ class PlannedPasses:
 
     def _begin_plan(self, batch_size: int) -> None:
         self.num_planned_passes += 1
-        self._close_plan()
-        self.planned, self._planned_picks = [], []
+        self.planned, self._planned_picks, self.planned_can_run = [], [], None
         self._moved_mark = len(self._moved)
         self._refused = False
         if self._budget_chunks is None:

@@ -69,6 +69,11 @@ class QueueSlots:
     def _place(self, picks: list[Candidate], slot: int) -> list[Any]:
         """Move planned picks into `queue[slot:]` in order; returns their `Req`s."""
         queue = self._queue
+        if queue is not None and len(picks) * REBUILD_RATIO <= len(queue) - slot:
+            reqs = self.mirror.take_out_block(queue, slot, map(_REQUEST_ID, picks))
+            if reqs is not None:
+                self._moved += reqs
+                return reqs
         reqs = self.mirror.requests(map(_REQUEST_ID, picks))
         if queue is None:
             return reqs
@@ -79,9 +84,6 @@ class QueueSlots:
             queue[slot:] = reqs + rest
             self._moved += reqs
             self.mirror.forget_order()
-            return reqs
-        if self.mirror.take_out_block(queue, slot, reqs):
-            self._moved += reqs
             return reqs
         take_out, moved = self.mirror.take_out, self._moved
         for req in reqs:
