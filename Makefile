@@ -26,7 +26,9 @@ DEMO_ARGS  ?=
 setup: setup-sglang setup-vllm setup-vllm033 model
 
 setup-sglang: $(VENV)/.feather-setup
-NATIVE_SRC := CMakeLists.txt sglang_feather/cht/_native/CMakeLists.txt sglang_feather/cht/_native/build_optional.cmake sglang_feather/cht/_native/core.cpp sglang_feather/cht/_native/page_runs.cpp sglang_feather/cht/_native/xxh64.h sglang_feather/cht/_native/memory.h
+# Every source of the compiled core: an edit to any of them rebuilds it at the next `make setup` / `make test`.
+NATIVE_SRC := CMakeLists.txt sglang_feather/cht/_native/CMakeLists.txt sglang_feather/cht/_native/build_optional.cmake \
+	$(wildcard sglang_feather/cht/_native/*.cpp sglang_feather/cht/_native/*.h)
 $(VENV)/.feather-setup: scripts/setup_venv.sh requirements/sglang-cpu.txt requirements/dev.txt requirements/constraints.txt pyproject.toml scaffold/cpu/_tv_cpu_shim.py $(NATIVE_SRC)
 	bash scripts/setup_venv.sh $(VENV)
 	touch $@
