@@ -132,22 +132,18 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
     # ----------------------------------------------------------------- one scheduling pass
 
     def begin_pass(self) -> None:
-        """A new scheduling pass starts (stoppers with per-pass state reset it)."""
-        self._drop_plan()
-        self._resume_skipped()
+        """A new scheduling pass starts (stoppers with per-pass state reset it); what the last pass left, if
+        the engine did not end it, is undone first (`end_pass`)."""
+        self.end_pass()
         self._stopper.begin_pass()
-        if self._in_flight.needs_engine:  # no other check keeps anything within a pass
-            self._in_flight.reset()
         self._decided_this_pass = False
-        self._aged_this_pass = False
-        self._groups_closed = False
 
     def end_pass(self) -> None:
         """The pass is over: requests skipped in it compete again (a plan not settled is undone, as if the
         engine admitted none of it)."""
         self._drop_plan()
         self._resume_skipped()
-        if self._in_flight.needs_engine:
+        if self._in_flight.needs_engine:  # no other check keeps anything within a pass
             self._in_flight.reset()
         self._aged_this_pass = False
         self._groups_closed = False

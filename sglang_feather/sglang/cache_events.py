@@ -152,10 +152,6 @@ class EventSource:
     take: Callable[[], list[Any]]
     convert: Callable[[list[Any]], list[Any]] | None = None
 
-    def events(self) -> list[Any]:
-        raw = self.take()
-        return raw if not raw or self.convert is None else self.convert(raw)
-
 
 def event_source(tree_cache: Any) -> EventSource:
     """What drains the cache's KV events, returning what its `take_events` would: on SGLang 0.5.23's Rust tree

@@ -314,10 +314,9 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
         self.mirror.check_in_order([req for req in waiting_queue if id(req) not in moved])
 
     def _report_launched(self) -> None:
-        """The batch launched at the last step end has run: report it to the reward window (once)."""
+        """The batch launched at the last step end has run (`_launched` is not None): report it to the reward
+        window (once)."""
         num_tokens, self._launched = self._launched, None
-        if num_tokens is None:
-            return
         if num_tokens:
             self.admission.on_decode_step(num_tokens)
         else:

@@ -68,16 +68,11 @@ class QueueSlots:
 
     def _place(self, picks: list[Candidate], slot: int) -> list[Any]:
         """Move planned picks into `queue[slot:]` in order; returns their `Req`s."""
-        queue = self._queue
-        if queue is not None and len(picks) * REBUILD_RATIO <= len(queue) - slot:
-            reqs = self.mirror.take_out_block(queue, slot, map(_REQUEST_ID, picks))
-            if reqs is not None:
-                self._moved += reqs
-                return reqs
-        reqs = self.mirror.requests(map(_REQUEST_ID, picks))
+        queue, rids = self._queue, map(_REQUEST_ID, picks)
         if queue is None:
-            return reqs
-        if len(reqs) * REBUILD_RATIO > len(queue) - slot:  # one C-speed rebuild beats a move per pick
+            return self.mirror.requests(rids)
+        if len(picks) * REBUILD_RATIO > len(queue) - slot:  # one C-speed rebuild beats a move per pick
+            reqs = self.mirror.requests(rids)
             rest = list(filterfalse(set(reqs).__contains__, queue[slot:]))  # a `Req` hashes by identity
             if len(rest) + len(reqs) != len(queue) - slot:
                 raise LookupError("a planned request is not in the waiting queue after the slot")
@@ -85,6 +80,11 @@ class QueueSlots:
             self._moved += reqs
             self.mirror.forget_order()
             return reqs
+        reqs = self.mirror.take_out_block(queue, slot, rids)
+        if reqs is not None:
+            self._moved += reqs
+            return reqs
+        reqs = self.mirror.requests(map(_REQUEST_ID, picks))  # the block could not move: one at a time
         take_out, moved = self.mirror.take_out, self._moved
         for req in reqs:
             there = self._position(queue, req, slot, take_out(req))

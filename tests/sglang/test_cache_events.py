@@ -100,9 +100,12 @@ def test_the_rust_cores_queue_is_drained_directly_with_the_events_take_events_re
     """On the cache a 0.5.23 server builds, the tap drains the Rust core's queue itself (one call when it is
     empty) and gets exactly what `take_events` would: twin caches, the same inserts and evictions."""
     fast, public = cache_with_events(page_size=4), cache_with_events(page_size=4)
-    source = event_source(fast)
-    assert source.convert is not None, "SGLang 0.5.23's Rust path was not recognised (RUST_EVENT_PATH)"
-    take = source.events
+    assert event_source(fast).convert is not None, (
+        "SGLang 0.5.23's Rust path was not recognised (RUST_EVENT_PATH)"
+    )
+    admission = Admission.from_config(AdmissionConfig(chunk_size=CHUNK, page_size=4, cache_events=True))
+    tap = EventTap(fast, EventTranslator(admission, CHUNK), publish=True)
+    take = fast.take_events  # the tap's drain, handing on what it read (`take_for_publisher`)
     rng = np.random.default_rng(1)
     for step in range(6):
         for _ in range(3):
@@ -114,6 +117,7 @@ def test_the_rust_cores_queue_is_drained_directly_with_the_events_take_events_re
         events, expected = take(), public.take_events()
         assert events == expected and (step == 0 or events), f"step {step}"
     assert take() == [] == public.take_events()
+    tap.close()
 
 
 def test_other_caches_are_drained_through_take_events():
