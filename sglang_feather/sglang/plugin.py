@@ -40,14 +40,17 @@ def policy_choices() -> list[str]:
 def register() -> None:
     """Called by SGLang's `load_plugins()` in the launcher and again in every scheduler process.
 
-    Does nothing on an SGLang that carries the source patch set (it already lists `feather`). On another SGLang
-    release, or one whose hook targets moved, only the flag is added: choosing it fails at startup with a
+    Adds `--attention-backend feather_grouped` on both paths; adds nothing more on an SGLang that carries the
+    source patch set (it already lists `feather`). On another SGLang release, or one whose hook targets moved, only the flag is added: choosing it fails at startup with a
     message naming the supported release (SGLang's `load_plugins` would only log an exception)."""
     global _registered, _startup_error
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from sglang_feather.sglang.grouped_attention import registration
     from sglang_feather.sglang.options import FEATHER
 
+    # The attention backend registers on both paths: the patch set adds the schedule policy only.
+    registration.register()
     choices = policy_choices()
     if _registered or FEATHER in choices:
         if not _registered:

@@ -1,0 +1,84 @@
+"""`--attention-backend feather_grouped`: SGLang's torch_native backend with a prefix-grouped decode."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+from sglang_feather.sglang.grouped_attention.kernel import DecodePlan, grouped_decode
+from sglang_feather.sglang.grouped_attention.names import GROUPED, GroupedAttentionError
+from sglang_feather.sglang.grouped_attention.observe import SegmentObserver
+
+logger = logging.getLogger(__name__)
+
+
+class GroupedDecodeAttnBackend(TorchNativeAttnBackend):
+    """Decode batches attend through `grouped_decode`, each shared prefix read once per step; extend, mixed
+    and idle batches run torch_native's code unchanged. The segments are found once per forward, in
+    `init_forward_metadata`, and every layer reuses the plan."""
+
+    def __init__(self, model_runner: Any, observer: SegmentObserver) -> None:
+        refuse_unservable(model_runner)
+        super().__init__(model_runner)
+        self.observer = observer
+        self.plan: DecodePlan | None = None
+        k_buffer = self.token_to_kv_pool.get_key_buffer(0)
+        self.kv_bytes_per_token = k_buffer[0].numel() * k_buffer.element_size()
+        logger.info(
+            "attention backend %s: prefix-grouped decode (each shared prefix read once per step; extend and "
+            "mixed batches through torch_native), page size %d",
+            GROUPED,
+            observer.page_size,
+        )
+
+    def init_forward_metadata(self, forward_batch: Any) -> None:
+        super().init_forward_metadata(forward_batch)
+        self.plan = None
+        if not forward_batch.forward_mode.is_decode() or forward_batch.batch_size == 0:
+            return
+        seq_lens_cpu = forward_batch.seq_lens_cpu
+        seq_lens = (seq_lens_cpu if seq_lens_cpu is not None else forward_batch.seq_lens).tolist()
+        segments, rows = self.observer.observe(
+            self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, seq_lens
+        )
+        self.plan = DecodePlan.build(segments, rows, self.kv_bytes_per_token)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True):
+        if self.plan is None:
+            return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+        if save_kv_cache and k is not None and v is not None:
+            self.token_to_kv_pool.set_kv_buffer(
+                layer, KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc), k, v
+            )
+        q = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        out = grouped_decode(
+            q,
+            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            self.plan,
+            layer.scaling,
+        )
+        return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+
+def refuse_unservable(model_runner: Any) -> None:
+    """Models whose decode attention is not plain causal self-attention over the whole KV are refused here, at
+    startup, naming the flag (the grouped kernel has no masks, windows or latent KV)."""
+    config = model_runner.model_config
+    hf = getattr(config, "hf_text_config", None)
+    reasons = {
+        "MLA (latent KV)": bool(getattr(model_runner, "use_mla_backend", False)),
+        "encoder-decoder cross-attention": bool(getattr(config, "is_encoder_decoder", False)),
+        "sliding-window attention": getattr(model_runner, "sliding_window_size", None) is not None,
+        "chunked local attention": getattr(config, "attention_chunk_size", None) is not None,
+        "attention logit soft-capping": bool(getattr(hf, "attn_logit_softcapping", None)),
+    }
+    found = [reason for reason, present in reasons.items() if present]
+    if found:
+        raise GroupedAttentionError(
+            f"--attention-backend {GROUPED} cannot serve this model ({', '.join(found)}); "
+            "use --attention-backend torch_native"
+        )
