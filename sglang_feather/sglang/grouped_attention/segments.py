@@ -121,3 +121,8 @@ def _shared_end(rows: torch.Tensor, members: tuple[int, ...], start: int, limit:
     differs = (block != block[0]).any(dim=0).nonzero()
     end = limit if differs.numel() == 0 else start + int(differs[0, 0])
     return max(start, end // page_size * page_size)
+
+
+def private_segments(seq_lens: list[int]) -> BatchSegments:
+    """Every request its own span, nothing shared: the grouped kernel with grouping off (tails batched)."""
+    return BatchSegments(tuple(Span(i, 0, n, (i,)) for i, n in enumerate(seq_lens)), tuple(seq_lens))
