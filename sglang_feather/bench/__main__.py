@@ -1,11 +1,11 @@
-"""Command line: `python -m sglang_feather.bench {overhead,chunk-size,adapter,events,soak} [options]`."""
+"""Command line: `python -m sglang_feather.bench SUBCOMMAND [options]`, one per `SUBCOMMANDS` entry."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from sglang_feather.bench import adapter, chunk_size, events, overhead, soak
+from sglang_feather.bench import adapter, chunk_size, events, grouped_attention, overhead, soak
 
 SUBCOMMANDS = {
     "overhead": overhead,
@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "adapter": adapter,
     "events": events,
     "soak": soak,
+    "grouped-attention": grouped_attention,
 }
 """Subcommand -> module providing `add_arguments(parser)` and `main(args) -> int` (its docstring is the help)."""
 

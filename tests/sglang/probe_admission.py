@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import warnings
+from pathlib import Path
 from types import SimpleNamespace
 
 
@@ -29,7 +30,35 @@ def main(argv: list[str]) -> None:
             results[policy] = probe(["--schedule-policy", policy, *flags])
         except SystemExit as exc:
             results[policy] = {"error": f"argument parsing exited with {exc.code}"}
+    try:
+        results["attention"] = probe_attention()
+    except SystemExit as exc:
+        results["attention"] = {"error": f"argument parsing exited with {exc.code}"}
     print(json.dumps(results))
+
+
+def probe_attention() -> dict:
+    """`--attention-backend feather_grouped` as the launcher parses and resolves it for a CUDA server (the
+    resolution reads the tiny model's config and needs no GPU), beside torch_native's."""
+    from sglang.srt.arg_groups.overrides import resolved_view
+    from sglang.srt.arg_groups.pipeline import run_resolution_pipeline
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils.common import support_triton
+
+    model = str(Path(__file__).resolve().parents[2] / "models" / "tiny-llama")
+    result = {"registered": "feather_grouped" in ATTENTION_BACKENDS}
+    for backend in ("feather_grouped", "torch_native"):
+        server_args = prepare_server_args(
+            ["--model-path", model, "--device", "cuda", "--attention-backend", backend]
+        )
+        run_resolution_pipeline(server_args)
+        graphs = resolved_view(server_args).cuda_graph_config
+        result[backend] = {
+            "cuda_graphs": [str(graphs.decode.backend), str(graphs.prefill.backend)],
+            "support_triton": support_triton(backend),
+        }
+    return result
 
 
 def probe(argv: list[str]) -> dict:

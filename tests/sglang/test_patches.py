@@ -210,7 +210,9 @@ def test_patched_sglang_orders_and_admits_like_the_plugin(probes):
 
 
 def test_plugin_stays_inactive_on_a_patched_sglang(probes):
-    assert probes["patched+plugin"] == probes["patched"]
+    """For scheduling, that is: the attention backend registers on both paths (the test below)."""
+    policies = lambda variant: {k: v for k, v in probes[variant].items() if k != "attention"}  # noqa: E731
+    assert policies("patched+plugin") == policies("patched")
     assert probes["patched+plugin"]["lpm"]["policy_class"] == "SchedulePolicy"
 
 
@@ -252,3 +254,19 @@ def test_patched_sglang_records_kv_events_for_feather_like_the_plugin(patched_ro
     assert args == () and kwargs == {"server_args": feather, "enable_kv_cache_events": True}
     assert plugin._before_build_kv_cache(server_args=other, enable_kv_cache_events=False) is None
     assert plugin._before_build_kv_cache(server_args=feather, enable_kv_cache_events=True) is None
+
+
+def test_grouped_attention_registers_through_the_plugin_with_or_without_the_patch_set(probes):
+    """`--attention-backend feather_grouped` comes from the plugin entry point alone: without plugins SGLang
+    rejects it, patched or not; with them it parses on both paths and resolves as torch_native does (CUDA
+    graphs off for decode and prefill, no Triton helpers)."""
+    for variant in ("pristine", "patched"):
+        assert probes[variant]["attention"] == {"error": "argument parsing exited with 2"}
+    for variant in ("plugin", "patched+plugin"):
+        attention = probes[variant]["attention"]
+        assert attention["registered"] is True
+        assert attention["feather_grouped"] == attention["torch_native"]
+        assert attention["feather_grouped"] == {
+            "cuda_graphs": ["disabled", "disabled"],
+            "support_triton": False,
+        }

@@ -7,7 +7,8 @@ is split by the slot each holds there; a subset of two or more extends its share
 rows agree, compared only up to its shortest member's `seq_len` (entries past it can be stale after a
 retraction) and rounded down to a page boundary (the radix cache shares whole pages). That span becomes a
 *shared segment*, read once for all of its members' queries, and the subset recurses from its end, so a
-system prompt and a document under it are two nested segments. What is left of a request below its deepest
+system prompt and a document under it are two nested segments (a subset that shares less than a page splits
+where it parts, from the same start). What is left of a request below its deepest
 segment is its private *tail*. Every request's KV `[0, seq_len)` is thus cut into spans; attention over each
 span gives a partial result and its log-sum-exp, and the partials merge exactly (`kernel.py`).
 """
@@ -92,15 +93,20 @@ def find_segments(rows: torch.Tensor, seq_lens: list[int], page_size: int = 1) -
             if seq_lens[only] > start:
                 spans.append(Span(only, start, seq_lens[only], members))
             continue
-        end = _shared_end(rows, members, start, min(seq_lens[m] for m in members), page_size)
-        if end == start:
-            # Not even one whole page in common: each member reads the rest on its own.
-            spans.extend(Span(m, start, seq_lens[m], (m,)) for m in members if seq_lens[m] > start)
-            continue
-        spans.append(Span(members[0], start, end, members))
-        going_on = [m for m in members if seq_lens[m] > end]
+        limit = min(seq_lens[m] for m in members)
+        common = _common_end(rows, members, start, limit)
+        end = max(start, common // page_size * page_size)
+        if end > start:
+            spans.append(Span(members[0], start, end, members))
+        # Below `end`, members part by the slot each holds where they part (`end` after a span; where the
+        # whole set stops agreeing when it shares no whole page), and each part goes on from `end`.
+        split_at = end if end > start else common
+        for m in members:
+            if seq_lens[m] <= split_at and seq_lens[m] > end:
+                spans.append(Span(m, end, seq_lens[m], (m,)))
+        going_on = [m for m in members if seq_lens[m] > split_at]
         if going_on:
-            slots = rows[going_on, end].tolist()
+            slots = rows[going_on, split_at].tolist()
             stack.extend((group, end) for group in _split_by(slots, going_on))
     return BatchSegments(tuple(spans), tuple(seq_lens))
 
@@ -113,16 +119,61 @@ def _split_by(keys: list[int], members) -> list[tuple[int, ...]]:
     return [tuple(group) for group in groups.values()]
 
 
-def _shared_end(rows: torch.Tensor, members: tuple[int, ...], start: int, limit: int, page_size: int) -> int:
-    """The page-aligned end of the span from `start` on which every member's row equals the first's."""
+def _common_end(rows: torch.Tensor, members: tuple[int, ...], start: int, limit: int) -> int:
+    """Where the members' rows stop agreeing, from `start` and at most `limit`."""
     if limit <= start:
         return start
     block = rows[list(members), start:limit]
     differs = (block != block[0]).any(dim=0).nonzero()
-    end = limit if differs.numel() == 0 else start + int(differs[0, 0])
-    return max(start, end // page_size * page_size)
+    return limit if differs.numel() == 0 else start + int(differs[0, 0])
 
 
 def private_segments(seq_lens: list[int]) -> BatchSegments:
     """Every request its own span, nothing shared: the grouped kernel with grouping off (tails batched)."""
     return BatchSegments(tuple(Span(i, 0, n, (i,)) for i, n in enumerate(seq_lens)), tuple(seq_lens))
+
+
+def shared_prefix_len(rows: torch.Tensor, seq_lens: list[int], i: int, j: int, page_size: int) -> int:
+    """Reference: how many leading KV slots requests i and j share, page-aligned, within both lengths."""
+    limit = min(seq_lens[i], seq_lens[j])
+    differs = (rows[i, :limit] != rows[j, :limit]).nonzero()
+    common = limit if differs.numel() == 0 else int(differs[0, 0])
+    return common // page_size * page_size
+
+
+def check_segments(segments: BatchSegments, rows: torch.Tensor, page_size: int) -> None:
+    """Invariant checker against the pairwise reference: each request's spans tile `[0, seq_len)` in order,
+    read its own slots, and at every position are shared with exactly the requests whose rows agree with it up
+    to there (page-aligned): each shared token is read once, and nothing is shared that is not. O(B^2 L)."""
+    seq_lens = list(segments.seq_lens)
+    num_requests = len(seq_lens)
+    covered = [0] * num_requests
+    spans_of: list[list[Span]] = [[] for _ in range(num_requests)]
+    for span in segments.spans:
+        if not 0 <= span.start < span.end or span.row not in span.members:
+            raise AssertionError(f"malformed span {span}")
+        for member in span.members:
+            spans_of[member].append(span)
+    for i in range(num_requests):
+        shared = [shared_prefix_len(rows, seq_lens, i, j, page_size) for j in range(num_requests)]
+        for span in sorted(spans_of[i], key=lambda s: s.start):
+            if span.start != covered[i]:
+                raise AssertionError(
+                    f"request {i}: span {span} starts at {span.start}, covered up to {covered[i]}"
+                )
+            covered[i] = span.end
+            expected = {j for j in range(num_requests) if j == i or shared[j] >= span.end}
+            if set(span.members) != expected:
+                raise AssertionError(
+                    f"request {i}: span {span} has members {span.members}, expected {expected}"
+                )
+            if span.is_shared and span.start % page_size:
+                raise AssertionError(f"shared span {span} does not start on a page boundary")
+        if covered[i] != seq_lens[i]:
+            raise AssertionError(f"request {i}: spans cover [0, {covered[i]}) of [0, {seq_lens[i]})")
+        # A sharer at `start` must share the whole span, and nobody shares past a span's end at a page
+        # boundary it could have reached: the spans are maximal.
+        for span in spans_of[i]:
+            beyond = {j for j in range(num_requests) if j != i and shared[j] > span.start} - set(span.members)
+            if beyond:
+                raise AssertionError(f"request {i}: {sorted(beyond)} share {span} only in part")
