@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 
-
 NUM_SLOTS = 1 << 15
 """KV slots per test pool: room for every family and tail the strategies draw."""
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -137,4 +135,3 @@ def test_plan_cuts_a_bucket_into_gathers_of_bounded_size():
         grouped_decode(q, k, v, plan, 0.125), torch_native_decode(batch, q, 0.125), atol=TOLERANCE
     )
     assert sorted(plan.partial_owner.tolist()) == list(range(len(batch.seq_lens)))
-    random.seed(0)

@@ -75,7 +75,7 @@ class DecodeBatches(RuleBasedStateMachine):
     @rule(steps=st.integers(1, 3))
     def decode(self, steps):
         for _ in range(steps):
-            for row, (tokens, private, cached) in self.running.items():
+            for row, (tokens, private, _cached) in self.running.items():
                 slot = self.allocator.alloc(1)
                 self.rows.req_to_token[row, len(tokens)] = slot.to(torch.int32)[0]
                 tokens.append(self.rng.randrange(1, 900))

@@ -8,7 +8,7 @@ from typing import Any
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-from sglang_feather.sglang.grouped_attention.kernel import DecodePlan, grouped_decode
+from sglang_feather.sglang.grouped_attention.kernel import DecodePlan, GatherScratch, grouped_decode
 from sglang_feather.sglang.grouped_attention.names import GROUPED, GroupedAttentionError
 from sglang_feather.sglang.grouped_attention.observe import SegmentObserver
 
@@ -25,6 +25,7 @@ class GroupedDecodeAttnBackend(TorchNativeAttnBackend):
         super().__init__(model_runner)
         self.observer = observer
         self.plan: DecodePlan | None = None
+        self.scratch = GatherScratch()
         k_buffer = self.token_to_kv_pool.get_key_buffer(0)
         self.kv_bytes_per_token = k_buffer[0].numel() * k_buffer.element_size()
         logger.info(
@@ -60,6 +61,7 @@ class GroupedDecodeAttnBackend(TorchNativeAttnBackend):
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
             self.plan,
             layer.scaling,
+            self.scratch,
         )
         return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
