@@ -7,13 +7,15 @@ import shlex
 import shutil
 import sys
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from sglang_feather.serving import BenchConfig, ServerSpec, Workload, format_table, run_policies
-from sglang_feather.serving.compare import PolicyRun
+from sglang_feather.serving.compare import PolicyRun, bench_servers, started_servers
 from sglang_feather.serving.process import exit_on_sigterm, run_cli
 from sglang_feather.serving.repeats import (
+    DECODE_METRICS,
     KV_PRESSURE_METRICS,
     METRICS,
     Metric,
@@ -78,6 +80,24 @@ KV_PRESSURE = Preset(
 )
 """A KV pool (8192 tokens) that holds the prefixes of 3 of the 16 groups at most; bench_serving shuffles the
 requests (seeded), so groups arrive interleaved. The cache is flushed after the warmup request."""
+DECODE_HEAVY = Preset(
+    "decode-heavy",
+    SharedPrefixSpec.per_group(16, 16, prefix_len=2048, question_len=32, output_len=64),
+    max_concurrency=256,
+    out=Path("results/demo-decode-heavy"),
+    server_args=("--max-running-requests", "64"),
+    flush_cache=True,
+    output_details=True,
+    metrics=DECODE_METRICS,
+    legend=(
+        "segments/step = shared prefix segments in a decode step (every nesting level; feather_grouped reads "
+        "each once), reads/step = the segment reads a request-by-request kernel makes, group ms/step = the "
+        "segment search per decode step (on torch_native: counted only, with --feather-segment-metrics); "
+        "consults/stops = Feather's stopper"
+    ),
+)
+"""Decode-bound: every request arrives at once (bench_serving shuffles them, so groups interleave) and a batch
+of 64 cannot hold all 16 groups' requests, so which groups run together decides what a step reads."""
 
 FLAG_STRING_OPTIONS = ("--server-args", "--feather-args")
 """Options whose value is itself a command line: the next token is always their value."""
@@ -115,7 +135,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--policies",
         default=",".join(DEFAULT_POLICIES),
-        help="comma-separated (default: %(default)s); throughput ratios are to fcfs, else the first",
+        help=(
+            "comma-separated (default: %(default)s); feather:STOPPER runs feather with that stopper; "
+            "throughput ratios are to fcfs, else the first"
+        ),
     )
     parser.add_argument(
         "--repeat",
@@ -141,6 +164,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         ),
     )
     parser.add_argument(
+        "--decode-heavy",
+        action="store_true",
+        help=(
+            f"the decode-heavy preset: {DECODE_HEAVY.spec.num_groups} groups x "
+            f"{DECODE_HEAVY.spec.num_requests // DECODE_HEAVY.spec.num_groups} prompts, "
+            f"{DECODE_HEAVY.spec.prefix_len}-token prefixes, {DECODE_HEAVY.spec.output_len}-token outputs, all "
+            f"sent at once to servers with {' '.join(DECODE_HEAVY.server_args)}; reports what each decode step reads"
+        ),
+    )
+    parser.add_argument(
+        "--attention-backends",
+        default="",
+        help=(
+            "comma-separated: run every policy on each (e.g. torch_native,feather_grouped), labelled "
+            "POLICY@BACKEND, with --feather-segment-metrics (default: the device's backend only)"
+        ),
+    )
+    parser.add_argument(
+        "--reuse-servers",
+        action="store_true",
+        help="start each server once and flush its cache before every run, instead of a fresh server per run",
+    )
+    parser.add_argument(
         "--max-concurrency", type=positive_int, default=None, help="default: the preset's (64)"
     )
     parser.add_argument(
@@ -157,7 +203,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--out", type=Path, default=None, help="default: results/demo (results/demo-kv-pressure)"
     )
     args = parser.parse_args(join_flag_strings(sys.argv[1:] if argv is None else argv))
-    args.preset = KV_PRESSURE if args.kv_pressure else DEMO
+    if args.kv_pressure and args.decode_heavy:
+        parser.error("--kv-pressure and --decode-heavy are two presets: choose one")
+    args.preset = KV_PRESSURE if args.kv_pressure else DECODE_HEAVY if args.decode_heavy else DEMO
     args.max_concurrency = args.max_concurrency or args.preset.max_concurrency
     args.out = args.out or args.preset.out
     try:
@@ -168,6 +216,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     except ValueError as exc:
         parser.error(str(exc))
     args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    args.attention_backends = [b.strip() for b in args.attention_backends.split(",") if b.strip()]
     if not args.policies:
         parser.error("--policies names no policy")
     if len(set(args.policies)) != len(args.policies):
@@ -216,15 +265,21 @@ def merged_server_args(preset: Sequence[str], given: Sequence[str]) -> tuple[str
 
 
 def server_specs(args: argparse.Namespace, device: str) -> dict[str, ServerSpec]:
-    """Policy -> its server: the preset's flags and `--server-args` for all (those given replace the preset's),
-    `--feather-args` for feather."""
+    """Label -> its server: the preset's flags and `--server-args` for all (those given replace the preset's),
+    `--feather-args` for feather, a `feather:STOPPER` entry's stopper, and each attention backend asked for."""
     common = merged_server_args(args.preset.server_args, args.server_args)
-    return {
-        p: ServerSpec(
-            args.model, p, device=device, extra_args=common + (args.feather_args if p == FEATHER else ())
-        )
-        for p in args.policies
-    }
+    specs = {}
+    for entry in args.policies:
+        policy, _, stopper = entry.partition(":")
+        own = args.feather_args if policy == FEATHER else ()
+        own += ("--feather-stopper", stopper) if stopper else ()
+        for backend in args.attention_backends or [None]:
+            label = entry if backend is None else f"{entry}@{backend}"
+            chosen = () if backend is None else ("--attention-backend", backend, "--feather-segment-metrics")
+            specs[label] = ServerSpec(
+                args.model, policy, device=device, extra_args=common + own + chosen, label=label
+            )
+    return specs
 
 
 def load_average() -> str:
@@ -260,41 +315,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_model(args.model)
     device = pick_device(args.device)
     workload, preset = args.workload, args.preset
-    baseline = BASELINE if BASELINE in args.policies else args.policies[0]
     specs = server_specs(args, device)
+    labels = list(specs)
+    baseline = next((label for label in labels if label.partition("@")[0] == BASELINE), labels[0])
     server_args = list(merged_server_args(preset.server_args, args.server_args))
     start_load = load_average()
     print(
         f"demo ({preset.name}): model {args.model} on {device}; {workload.num_requests} requests "
-        f"({workload.name}), max concurrency {args.max_concurrency}; {args.policies} x {args.repeat}; "
+        f"({workload.name}), max concurrency {args.max_concurrency}; {labels} x {args.repeat}; "
         f"server args {server_args}; load average {start_load}"
     )
     repeats, all_runs, num_failures = [], [], 0
-    for index in range(args.repeat):
-        order = repeat_order(args.policies, index)
-        print(
-            f"\n== run {index + 1}/{args.repeat}: {', '.join(order)} (load average {load_average()})",
-            flush=True,
-        )
-        runs, failures = run_policies(
-            [specs[p] for p in order],
-            [workload],
-            bench_config(args),
-            args.out / f"run{index + 1}",
-            tokenizer=args.tokenizer,
-            progress=lambda line: print(line, flush=True),
-        )
-        num_failures += len(failures)
-        if runs:
-            print(format_table(runs))
-            print_run_details(runs)
-        repeats.append({r.policy: r.runs[0] for r in runs})
-        all_runs.append([asdict(r) for r in runs])
+    with ExitStack() as stack:
+        servers = None
+        if args.reuse_servers:
+            print("starting every server once (their caches are flushed before each run)", flush=True)
+            started = stack.enter_context(started_servers(list(specs.values()), args.out / "servers"))
+            servers = {server.spec.name: server for server in started}
+        for index in range(args.repeat):
+            order = repeat_order(labels, index)
+            print(
+                f"\n== run {index + 1}/{args.repeat}: {', '.join(order)} (load average {load_average()})",
+                flush=True,
+            )
+            progress = lambda line: print(line, flush=True)  # noqa: E731
+            out = args.out / f"run{index + 1}"
+            if servers is None:
+                runs, failures = run_policies(
+                    [specs[label] for label in order], [workload], bench_config(args), out,
+                    tokenizer=args.tokenizer, progress=progress,
+                )  # fmt: skip
+            else:
+                runs, failures = bench_servers(
+                    [servers[label] for label in order], workload, bench_config(args), out,
+                    tokenizer=args.tokenizer, progress=progress,
+                )  # fmt: skip
+            num_failures += len(failures)
+            if runs:
+                print(format_table(runs))
+                print_run_details(runs)
+            repeats.append({r.policy: r.runs[0] for r in runs})
+            all_runs.append([asdict(r) for r in runs])
     summaries = summarize(repeats, baseline, preset.metrics)
     if summaries:
         end_load = load_average()
         print(
-            f"\n== {preset.name}: {workload.name}, {args.repeat} run(s) per policy, a fresh server (cold cache) "
+            f"\n== {preset.name}: {workload.name}, {args.repeat} run(s) per policy, "
+            f"{'one server each, cache flushed' if args.reuse_servers else 'a fresh server'} (cold cache) "
             f"per run; load average (1/5/15 min) {start_load} at start, {end_load} at end"
         )
         print(format_summary(summaries, baseline, preset.metrics, preset.legend))

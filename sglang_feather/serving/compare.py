@@ -1,8 +1,9 @@
 """Serve one policy, drive it with each workload in turn, and collect bench results plus scheduler metrics."""
 
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -78,27 +79,37 @@ def run_policy(
     tokenizer: str | None = None,
     python: str = sys.executable,
 ) -> PolicyRun:
-    """One server for `spec.policy`; the prefix cache is flushed before each workload after the first.
-
-    An SGLang server's log is read from where it stood before each workload, for the prefill totals.
-    """
+    """One server for `spec`; the prefix cache is flushed before each workload after the first."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs = []
-    log_path = out_dir / "server.log"
-    with Server(spec, log_path=log_path, python=python) as server:
-        target = BenchTarget(
-            server.base_url, spec.model, tokenizer or spec.model, server.engine.bench_backend
-        )
-        for index, workload in enumerate(workloads):
-            run_config = replace(config, flush_cache=config.flush_cache or index > 0)
-            before, offset = scrape(server.base_url), log_size(log_path)
-            bench = run_bench(target, workload, run_config, out_dir, python=python)
-            if not server.is_running():
-                raise ServerDied(f"{spec.policy} server exited during {workload.name}\n{server.log_tail()}")
-            prefill = read_prefill_totals(log_path, offset) if spec.engine == "sglang" else None
-            runs.append(measure(server.base_url, before, spec.policy, bench, prefill))
+    with Server(spec, log_path=out_dir / "server.log", python=python) as server:
+        runs = [
+            bench_once(server, workload, replace(config, flush_cache=config.flush_cache or index > 0), out_dir,
+                       tokenizer=tokenizer, python=python)
+            for index, workload in enumerate(workloads)
+        ]  # fmt: skip
         assert server.startup_s is not None
-        return PolicyRun(spec.policy, server.startup_s, tuple(runs))
+        return PolicyRun(spec.name, server.startup_s, tuple(runs))
+
+
+def bench_once(
+    server: Server,
+    workload: Workload,
+    config: BenchConfig,
+    out_dir: Path,
+    *,
+    tokenizer: str | None = None,
+    python: str = sys.executable,
+) -> WorkloadRun:
+    """One bench_serving run against a running server, with the server's metrics and (SGLang) prefill log
+    read from where they stood before it."""
+    spec = server.spec
+    target = BenchTarget(server.base_url, spec.model, tokenizer or spec.model, server.engine.bench_backend)
+    before, offset = scrape(server.base_url), log_size(server.log_path)
+    bench = run_bench(target, workload, config, out_dir, python=python)
+    if not server.is_running():
+        raise ServerDied(f"{spec.name} server exited during {workload.name}\n{server.log_tail()}")
+    prefill = read_prefill_totals(server.log_path, offset) if spec.engine == "sglang" else None
+    return measure(server.base_url, before, spec.name, bench, prefill)
 
 
 @dataclass(frozen=True)
@@ -123,13 +134,13 @@ def run_policies(
     """
 
     def one(spec: ServerSpec) -> PolicyRun | PolicyFailure:
-        progress(f"[{spec.policy}] starting server")
+        progress(f"[{spec.name}] starting server")
         try:
-            run = run_policy(spec, workloads, config, out_dir / spec.policy, tokenizer=tokenizer)
+            run = run_policy(spec, workloads, config, out_dir / spec.name, tokenizer=tokenizer)
         except RUN_ERRORS as err:
-            progress(f"[{spec.policy}] FAILED: {err}")
-            return PolicyFailure(spec.policy, str(err))
-        progress(f"[{spec.policy}] server ready in {run.startup_s:.1f} s; {len(run.runs)} workload(s) done")
+            progress(f"[{spec.name}] FAILED: {err}")
+            return PolicyFailure(spec.name, str(err))
+        progress(f"[{spec.name}] server ready in {run.startup_s:.1f} s; {len(run.runs)} workload(s) done")
         return run
 
     if parallel:
@@ -145,4 +156,48 @@ def run_policies(
         outcomes = [one(spec) for spec in specs]
     runs = [o for o in outcomes if isinstance(o, PolicyRun)]
     failures = [o for o in outcomes if isinstance(o, PolicyFailure)]
+    return runs, failures
+
+
+@contextmanager
+def started_servers(
+    specs: Sequence[ServerSpec], out_dir: Path, python: str = sys.executable
+) -> Iterator[list[Server]]:
+    """Start each server in turn (one at a time, so start-ups do not compete) and stop them all on the way out."""
+    servers: list[Server] = []
+    try:
+        for spec in specs:
+            (out_dir / spec.name).mkdir(parents=True, exist_ok=True)
+            server = Server(spec, log_path=out_dir / spec.name / "server.log", python=python)
+            servers.append(server)
+            server.start()
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def bench_servers(
+    servers: Sequence[Server],
+    workload: Workload,
+    config: BenchConfig,
+    out_dir: Path,
+    *,
+    tokenizer: str | None = None,
+    progress: Callable[[str], None] = lambda line: None,
+) -> tuple[list[PolicyRun], list[PolicyFailure]]:
+    """One run on each running server, its prefix cache flushed first (cold, as on a fresh server)."""
+    runs, failures = [], []
+    for server in servers:
+        name = server.spec.name
+        progress(f"[{name}] running on the server started in {server.startup_s or 0:.1f} s")
+        try:
+            run = bench_once(
+                server, workload, replace(config, flush_cache=True), out_dir / name, tokenizer=tokenizer
+            )
+        except RUN_ERRORS as err:
+            progress(f"[{name}] FAILED: {err}")
+            failures.append(PolicyFailure(name, str(err)))
+            continue
+        runs.append(PolicyRun(name, server.startup_s or 0.0, (run,)))
     return runs, failures

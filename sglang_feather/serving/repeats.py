@@ -70,6 +70,44 @@ KV_PRESSURE_METRICS = (
 )
 """The KV-pressure preset's columns: what prefill cost (the server's own log) next to speed and latency."""
 
+
+def per_decode_step(name: str) -> Callable[[WorkloadRun], float | None]:
+    """A per-step sum of the decode segment series (`--feather-segment-metrics`) over the run's decode steps."""
+
+    def value(run: WorkloadRun) -> float | None:
+        steps = run.feather.get("sglang:feather_decode_shared_segments_count")
+        return None if not steps else run.feather.get(name, 0.0) / steps
+
+    return value
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else 1000 * value
+
+
+def counter(name: str) -> Callable[[WorkloadRun], float | None]:
+    return lambda run: run.feather.get(name)
+
+
+DECODE_METRICS = (
+    Metric("req/s", lambda r: r.bench.request_throughput, ".2f"),
+    Metric(THROUGHPUT, lambda r: r.bench.output_throughput, ".1f"),
+    Metric("TPOT p50", lambda r: r.bench.tpot_p50_ms, ".1f"),
+    Metric("TPOT p99", lambda r: r.bench.tpot_p99_ms, ".1f"),
+    Metric("hit %", hit_percent, ".1f"),
+    Metric("segments/step", per_decode_step("sglang:feather_decode_shared_segments_sum"), ".2f"),
+    Metric("reads/step", per_decode_step("sglang:feather_decode_shared_segment_reads_total"), ".1f"),
+    Metric(
+        "group ms/step",
+        lambda r: _ms(per_decode_step("sglang:feather_decode_grouping_seconds_sum")(r)),
+        ".3f",
+    ),
+    Metric("consults", counter("sglang:feather_consults_total"), ".0f"),
+    Metric("stops", counter("sglang:feather_stops_total"), ".0f"),
+)
+"""The decode-heavy preset's columns: speed, and what a decode step reads (shared prefix segments, each read
+once by feather_grouped; `reads` = segment reads a per-request kernel makes), with the stopper's counts."""
+
 RATIO_SPEC = ".2f"
 
 

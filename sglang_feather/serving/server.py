@@ -45,6 +45,12 @@ class ServerSpec:
     extra_args: tuple[str, ...] = ()
     port: int | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    label: str = ""
+    """What results call this server (default: the policy), e.g. `feather:ucb@feather_grouped`."""
+
+    @property
+    def name(self) -> str:
+        return self.label or self.policy
 
 
 @dataclass(frozen=True)

@@ -166,3 +166,38 @@ def test_kv_pressure_flags_override_the_preset_and_user_server_args_replace_its_
         "4",
         "--a=2",
     )
+
+
+def test_decode_heavy_runs_every_policy_and_stopper_on_each_attention_backend():
+    args = demo.parse_args(
+        [
+            "--decode-heavy",
+            "--policies", "fcfs,feather,feather:ucb",
+            "--attention-backends", "torch_native,feather_grouped",
+            "--reuse-servers",
+        ]
+    )  # fmt: skip
+    assert args.preset is demo.DECODE_HEAVY and args.reuse_servers
+    specs = demo.server_specs(args, "cpu")
+    assert list(specs) == [
+        f"{entry}@{backend}"
+        for entry in ("fcfs", "feather", "feather:ucb")
+        for backend in ("torch_native", "feather_grouped")
+    ]
+    ucb = specs["feather:ucb@feather_grouped"]
+    assert (ucb.policy, ucb.name) == ("feather", "feather:ucb@feather_grouped")
+    assert ucb.extra_args == (
+        "--max-running-requests", "64", "--feather-stopper", "ucb",
+        "--attention-backend", "feather_grouped", "--feather-segment-metrics",
+    )  # fmt: skip
+    assert specs["fcfs@torch_native"].extra_args[-3:] == (
+        "--attention-backend",
+        "torch_native",
+        "--feather-segment-metrics",
+    )
+
+
+def test_two_presets_at_once_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        demo.parse_args(["--decode-heavy", "--kv-pressure"])
+    assert "choose one" in capsys.readouterr().err
