@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from e2e_client import FLOAT32, generate_all, greedy_payload, post_json
 from conftest import serving
+from e2e_client import FLOAT32, generate_all, greedy_payload, post_json
 
 from sglang_feather.serving.completions import FIRST_TOKEN_ID, TINY_VOCAB_SIZE
 from sglang_feather.serving.metrics import scrape
