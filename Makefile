@@ -62,12 +62,13 @@ test: setup
 # The admission, SGLang-object and simulator suites once more on the pure-Python CHT core (what a failed
 # build of the compiled one installs), on 2 workers; tests/cht runs both cores already, and the patch tests
 # (patched SGLang in subprocesses) call the same adapter code tests/sglang covers, and the soak and the page
-# translators' state machine (tests/core/test_page_runs.py) run both cores or twins themselves. tests/sglang
-# last: its modules import its conftest by name, which must be the last initial conftest pytest loads.
+# translators' state machine (tests/core/test_page_runs.py) run both cores or twins themselves; the grouped
+# attention backend (tests/sglang/test_grouped_*.py) uses no CHT. tests/sglang last: its modules import its
+# conftest by name, which must be the last initial conftest pytest loads.
 test-python-core: setup-sglang
 	SGLANG_FEATHER_CHT=python $(PY) -m pytest tests/sim tests/core tests/sglang -m "not server" -n 2 \
 		--ignore=tests/sglang/test_patches.py --ignore=tests/sglang/test_soak.py \
-		--ignore=tests/core/test_page_runs.py $(PYTEST_ARGS)
+		--ignore=tests/core/test_page_runs.py --ignore-glob='tests/sglang/test_grouped_*.py' $(PYTEST_ARGS)
 
 # The developer's loop: everything but the tests that start servers and the few marked `slow` (SGLang
 # patched in subprocesses, 100K-request runs, the Triton interpreter; `make test` runs them); the three venvs
