@@ -23,6 +23,9 @@ stamp "correctness (every kernel vs float32 SDPA on fresh random data)"
 "$PY" -m kernels_bench.decode_locality --device cuda --check-only --out "$OUT_DIR/check.json" 2>&1 | tee "$OUT_DIR/check.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "correctness FAILED: see $OUT_DIR/check.log"; exit 1; }
 
+stamp "grouped span kernel (feather_grouped's CUDA path) vs gather + SDPA"
+"$PY" -m kernels_bench.grouped_spans --device cuda --out "$OUT_DIR/grouped_spans.json" 2>&1 | tee "$OUT_DIR/grouped_spans.log"
+
 stamp "reduced sweep"
 timeout "${SWEEP_TIMEOUT_S:-420}" "$PY" -m kernels_bench.decode_locality --device cuda --reduced \
   --out "$OUT_DIR/decode_locality_reduced.json" 2>&1 | tee "$OUT_DIR/sweep.log"

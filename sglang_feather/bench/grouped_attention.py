@@ -253,7 +253,7 @@ def methods_for(shape: HeadShape, work: Workload, q, k, v) -> tuple[dict[str, Me
     import torch
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-    from sglang_feather.sglang.grouped_attention.kernel import DecodePlan, GatherScratch, grouped_decode
+    from sglang_feather.sglang.grouped_attention.kernel import DecodePlan, GatherThenAttend, grouped_decode
     from sglang_feather.sglang.grouped_attention.segments import find_segments, private_segments
 
     scaling = shape.head_dim**-0.5
@@ -286,10 +286,10 @@ def methods_for(shape: HeadShape, work: Workload, q, k, v) -> tuple[dict[str, Me
 
         return prepare
 
-    scratch = GatherScratch()  # as the backend keeps one for the server's life
+    attend_spans = GatherThenAttend()  # its scratch lives as long as the backend's does in a server
 
     def attend(prepared: DecodePlan, layer: int) -> torch.Tensor:
-        return grouped_decode(q[layer], k[layer], v[layer], prepared, scaling, scratch)
+        return grouped_decode(q[layer], k[layer], v[layer], prepared, scaling, attend_spans)
 
     methods = {
         "torch_native": Method(lambda: None, native),

@@ -12,6 +12,7 @@ from sglang_feather.sglang.grouped_attention.kernel import (
     attend_with_lse,
     attend_with_lse_unfused,
     grouped_decode,
+    span_attention_for,
 )
 from sglang_feather.sglang.grouped_attention.segments import (
     BatchSegments,
@@ -151,3 +152,9 @@ def test_the_unfused_path_other_devices_run_equals_the_fused_cpu_kernel():
     unfused = attend_with_lse_unfused(queries, keys, values, mask, 0.25)
     for a, b in zip(fused, unfused, strict=True):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_the_cpu_gathers_then_attends_and_cuda_asks_for_the_triton_kernel():
+    assert type(span_attention_for(torch.device("cpu"))).__name__ == "GatherThenAttend"
+    # On a CUDA device the Triton kernel is chosen (Triton is installed here; no GPU runs it in this test).
+    assert type(span_attention_for(torch.device("cuda"))).__name__ == "TritonSpans"

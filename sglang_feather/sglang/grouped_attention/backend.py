@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import torch
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-from sglang_feather.sglang.grouped_attention.kernel import DecodePlan, GatherScratch, grouped_decode
+from sglang_feather.sglang.grouped_attention.kernel import DecodePlan, grouped_decode, span_attention_for
 from sglang_feather.sglang.grouped_attention.names import GROUPED, GroupedAttentionError
 from sglang_feather.sglang.grouped_attention.observe import SegmentObserver
 
@@ -25,14 +26,15 @@ class GroupedDecodeAttnBackend(TorchNativeAttnBackend):
         super().__init__(model_runner)
         self.observer = observer
         self.plan: DecodePlan | None = None
-        self.scratch = GatherScratch()
+        self.attend = span_attention_for(torch.device(self.device))
         k_buffer = self.token_to_kv_pool.get_key_buffer(0)
         self.kv_bytes_per_token = k_buffer[0].numel() * k_buffer.element_size()
         logger.info(
             "attention backend %s: prefix-grouped decode (each shared prefix read once per step; extend and "
-            "mixed batches through torch_native), page size %d",
+            "mixed batches through torch_native), page size %d, spans attended by %s",
             GROUPED,
             observer.page_size,
+            type(self.attend).__name__,
         )
 
     def init_forward_metadata(self, forward_batch: Any) -> None:
@@ -61,7 +63,7 @@ class GroupedDecodeAttnBackend(TorchNativeAttnBackend):
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
             self.plan,
             layer.scaling,
-            self.scratch,
+            self.attend,
         )
         return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 

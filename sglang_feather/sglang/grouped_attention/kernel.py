@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -31,6 +32,7 @@ class Bucket:
     """Spans padded to one shape: `kv_index[s, t]` is span s's t-th KV slot, `q_index[s, n]` its n-th query."""
 
     kv_index: torch.Tensor  # [num_spans, max_tokens] int64, pads point at slot 0
+    lengths: torch.Tensor  # [num_spans] int64: each span's real tokens
     kv_bias: torch.Tensor | None  # [num_spans, 1, 1, max_tokens] float32: 0, or -inf on pads; None: no pads
     q_index: torch.Tensor  # [num_spans, max_queries] int64, pads repeat the span's first query
     valid_rows: torch.Tensor | None  # the real (span, query) rows of the flattened [S * N]; None: all are
@@ -88,17 +90,89 @@ class GatherScratch:
         return buffer[:size].view(shape)
 
 
+class SpanAttention(Protocol):
+    """One bucket's attention: queries [S, Hkv, M, D] over each span's KV in the pool buffers; returns the
+    output [S, Hkv, M, Dv] and the log-sum-exp [S, Hkv, M] (float32)."""
+
+    def __call__(
+        self,
+        queries: torch.Tensor,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
+        bucket: Bucket,
+        scaling: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class GatherThenAttend:
+    """Gathers each span's K and V once (into reused scratch), then `attend_with_lse`: any device."""
+
+    def __init__(self) -> None:
+        self.scratch = GatherScratch()
+
+    def __call__(
+        self,
+        queries: torch.Tensor,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
+        bucket: Bucket,
+        scaling: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # [S, Hkv, T, D] as strided views of one gather each (index_select copies whole rows: on this CPU
+        # 5-18x faster than advanced indexing with the same 2-D index).
+        flat = bucket.kv_index.view(-1)
+        keys = _gather(k_buffer, flat, self.scratch.take("k", (flat.numel(), *k_buffer.shape[1:]), k_buffer))
+        values = _gather(
+            v_buffer, flat, self.scratch.take("v", (flat.numel(), *v_buffer.shape[1:]), v_buffer)
+        )
+        shape = (*bucket.kv_index.shape, k_buffer.shape[1], -1)
+        keys = keys.view(shape).to(queries.dtype).transpose(1, 2)
+        values = values.view(shape).to(queries.dtype).transpose(1, 2)
+        mask = None if bucket.kv_bias is None else bucket.kv_bias.to(queries.dtype)
+        return attend_with_lse(queries, keys, values, mask, scaling)
+
+
+class TritonSpans:
+    """`triton_spans.span_attention`: reads each span's K and V through its slot indices, no gather (CUDA)."""
+
+    def __init__(self) -> None:
+        from sglang_feather.sglang.grouped_attention import triton_spans
+
+        self.span_attention = triton_spans.span_attention
+
+    def __call__(
+        self,
+        queries: torch.Tensor,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
+        bucket: Bucket,
+        scaling: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.span_attention(queries, k_buffer, v_buffer, bucket.kv_index, bucket.lengths, scaling)
+
+
+def span_attention_for(device: torch.device) -> SpanAttention:
+    """The fused Triton kernel on a CUDA device with Triton; gather-then-attend elsewhere."""
+    if device.type == "cuda":
+        try:
+            return TritonSpans()
+        except ImportError:
+            pass  # no Triton: the unfused path below is correct, only slower
+    return GatherThenAttend()
+
+
 def grouped_decode(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
     plan: DecodePlan,
     scaling: float,
-    scratch: GatherScratch | None = None,
+    attend: SpanAttention | None = None,
 ) -> torch.Tensor:
     """Decode attention for `q` [num_requests, q_heads, head_dim] over the KV pool buffers
-    [num_slots, kv_heads, head_dim(_v)]; returns [num_requests, q_heads, v_head_dim] in q's dtype."""
-    scratch = scratch if scratch is not None else GatherScratch()
+    [num_slots, kv_heads, head_dim(_v)]; returns [num_requests, q_heads, v_head_dim] in q's dtype.
+    `attend` does one bucket's spans (default: `GatherThenAttend`, with scratch of its own)."""
+    attend = attend if attend is not None else GatherThenAttend()
     num_requests, num_q_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
     if num_q_heads % num_kv_heads:
@@ -108,14 +182,6 @@ def grouped_decode(
     outs, lses = [], []
     for bucket in plan.buckets:
         num_spans, num_queries = bucket.q_index.shape
-        # [S, Hkv, T, D] as strided views of one gather each (index_select copies whole rows: on this CPU
-        # 5-18x faster than advanced indexing with the same 2-D index).
-        flat = bucket.kv_index.view(-1)
-        keys = _gather(k_buffer, flat, scratch.take("k", (flat.numel(), *k_buffer.shape[1:]), k_buffer))
-        values = _gather(v_buffer, flat, scratch.take("v", (flat.numel(), *v_buffer.shape[1:]), v_buffer))
-        shape = (*bucket.kv_index.shape, num_kv_heads, -1)
-        keys = keys.view(shape).to(q.dtype).transpose(1, 2)
-        values = values.view(shape).to(q.dtype).transpose(1, 2)
         # [S, Hkv, N * group, D]: one KV head's query heads side by side, each span's queries together.
         queries = (
             q[bucket.q_index]
@@ -123,8 +189,7 @@ def grouped_decode(
             .transpose(1, 2)
             .reshape(num_spans, num_kv_heads, num_queries * group, head_dim)
         )
-        mask = None if bucket.kv_bias is None else bucket.kv_bias.to(q.dtype)
-        out, lse = attend_with_lse(queries, keys, values, mask, scaling)
+        out, lse = attend(queries, k_buffer, v_buffer, bucket, scaling)
         out = (
             out.view(num_spans, num_kv_heads, num_queries, group, v_dim)
             .transpose(1, 2)
@@ -204,7 +269,8 @@ def _bucket(spans: list[Span], table: np.ndarray, device: torch.device) -> Bucke
     kv_index = torch.from_numpy(table[leaders[:, None], positions].astype(np.int64)).to(device)
     members = [span.members + (span.members[0],) * (max_queries - len(span.members)) for span in spans]
     q_index = torch.tensor(members, dtype=torch.int64, device=device)
-    return Bucket(kv_index, kv_bias, q_index, None)
+    lengths_on_device = torch.from_numpy(lengths.copy()).to(device)
+    return Bucket(kv_index, lengths_on_device, kv_bias, q_index, None)
 
 
 def _cut(bucket: Bucket, spans: list[Span], first: int, end: int) -> Bucket:
@@ -216,7 +282,9 @@ def _cut(bucket: Bucket, spans: list[Span], first: int, end: int) -> Bucket:
         rows = [s * max_queries + n for s, span in enumerate(chunk) for n in range(len(span.members))]
         valid_rows = torch.tensor(rows, dtype=torch.int64, device=bucket.q_index.device)
     bias = None if bucket.kv_bias is None else bucket.kv_bias[first:end]
-    return Bucket(bucket.kv_index[first:end], bias, bucket.q_index[first:end], valid_rows)
+    return Bucket(
+        bucket.kv_index[first:end], bucket.lengths[first:end], bias, bucket.q_index[first:end], valid_rows
+    )
 
 
 def _ceil_pow2(n: int) -> int:
