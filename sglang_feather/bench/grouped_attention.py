@@ -6,7 +6,6 @@ import argparse
 import gc
 import itertools
 import random
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sglang_feather.bench.cli_types import add_json_flag, int_list, publish
 from sglang_feather.bench.markdown import header, ratio, row
 from sglang_feather.bench.report import machine_line, run_meta
-from sglang_feather.bench.timing import frozen_heap, gc_disabled
+from sglang_feather.bench.timing import Spread, frozen_heap, gc_disabled
 
 if TYPE_CHECKING:
     import torch
@@ -178,21 +177,11 @@ def check_outputs(
     return diffs
 
 
-@dataclass(frozen=True)
-class Spread:
-    median: float
-    min: float
-    max: float
-
-    @classmethod
-    def of(cls, values: list[float]) -> Spread:
-        return cls(statistics.median(values), min(values), max(values))
-
-    def ms(self) -> str:
-        """`median [min–max]` in milliseconds (the median alone for one sample)."""
-        if self.min == self.max:
-            return _ms(self.median)
-        return f"{_ms(self.median)} [{_ms(self.min)}–{_ms(self.max)}]"
+def spread_ms(spread: Spread) -> str:
+    """`median [min–max]` in milliseconds (the median alone for one sample)."""
+    if spread.min == spread.max:
+        return _ms(spread.median)
+    return f"{_ms(spread.median)} [{_ms(spread.min)}–{_ms(spread.max)}]"
 
 
 def _ms(seconds: float) -> str:
@@ -433,7 +422,7 @@ COLUMNS = [
 
 
 def _spread(value: dict) -> str:
-    return Spread(**value).ms()
+    return spread_ms(Spread(**value))
 
 
 def markdown(result: dict) -> str:

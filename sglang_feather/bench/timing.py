@@ -11,6 +11,20 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+
+@dataclass(frozen=True)
+class Spread:
+    """Median and range of a cell's samples."""
+
+    median: float
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, values: list[float]) -> Spread:
+        return cls(statistics.median(values), min(values), max(values))
+
+
 GC_POLICY = (
     "cyclic GC disabled inside every timed region on both sides; an untimed gc.collect() before every "
     "sample (and between the passes of a sequence); each cell's inputs are built, collected and "

@@ -11,7 +11,7 @@ import numpy as np
 
 from sglang_feather.admission import AdmissionConfig
 from sglang_feather.admission.config import DEFAULT_STOPPER
-from sglang_feather.bench.timing import frozen_heap, gc_disabled
+from sglang_feather.bench.timing import Spread, frozen_heap, gc_disabled
 from sglang_feather.bench.workloads import ZipfGroups
 from sglang_feather.offline.adapter_harness import AdapterHarness, PassResult
 from sglang_feather.offline.sglang_objects import describe_tree_cache, make_radix_cache, make_req
@@ -38,17 +38,6 @@ NUM_GROUPS = 64
 ZIPF_ALPHA = 1.0
 MAX_NEW_TOKENS = 128
 """Every benchmarked request's output budget (what the adder reserves decode room for)."""
-
-
-@dataclass(frozen=True)
-class Spread:
-    median: float
-    min: float
-    max: float
-
-    @classmethod
-    def of(cls, values: list[float]) -> Spread:
-        return cls(statistics.median(values), min(values), max(values))
 
 
 @dataclass(frozen=True)

@@ -128,3 +128,25 @@ def test_models_it_cannot_serve_are_refused_at_startup_naming_the_flag(overrides
         GroupedAttentionError, match=rf"--attention-backend {GROUPED} .*{reason}.*torch_native"
     ):
         create_backend(_runner(batch, **overrides))
+
+
+def test_each_decode_step_exports_its_segments_and_detection_time():
+    from prometheus_client import CollectorRegistry
+
+    from sglang_feather.sglang.grouped_attention.observe import SegmentMetrics
+
+    batch = build_batch([Family(256, 5), Family(64, 3)], 16, SHAPE, seed=4)
+    registry = CollectorRegistry()
+    observer = SegmentObserver(GROUPED, 16, SegmentMetrics(GROUPED, registry))
+    segments, _ = observer.observe(
+        batch.req_to_token_pool.req_to_token, batch.req_pool_indices, batch.seq_lens
+    )
+    observer.observe(batch.req_to_token_pool.req_to_token, batch.req_pool_indices, batch.seq_lens)
+    labels = {"attention_backend": GROUPED}
+    value = lambda name: registry.get_sample_value(name, labels)  # noqa: E731
+    assert value("sglang:feather_decode_shared_segments_count") == 2
+    assert value("sglang:feather_decode_shared_segments_sum") == 2 * segments.num_shared_segments == 4
+    assert value("sglang:feather_decode_grouping_seconds_count") == 2
+    assert value("sglang:feather_decode_kv_tokens_logical_total") == 2 * sum(batch.seq_lens)
+    assert value("sglang:feather_decode_kv_tokens_grouped_total") == 2 * segments.num_tokens_read
+    assert value("sglang:feather_decode_shared_segment_reads_total") == 2 * (5 + 3)

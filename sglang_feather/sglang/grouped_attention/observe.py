@@ -61,6 +61,23 @@ class SegmentObserver:
             self.metrics.record(segments, elapsed_s)
 
 
+COUNTERS = {
+    "num_shared_reads_per_request": (
+        "sglang:feather_decode_shared_segment_reads",
+        "Shared segments a per-request kernel reads (each member reads each of its segments)",
+    ),
+    "num_tokens_read": (
+        "sglang:feather_decode_kv_tokens_grouped",
+        "KV tokens a decode step reads with each shared segment read once",
+    ),
+    "num_tokens_logical": (
+        "sglang:feather_decode_kv_tokens_logical",
+        "KV tokens a decode step reads request by request (the sum of sequence lengths)",
+    ),
+}
+"""`BatchSegments` count -> its counter (name, help)."""
+
+
 class SegmentMetrics:
     """`sglang:feather_decode_*` series in the scheduler process, labelled with the attention backend."""
 
@@ -83,28 +100,13 @@ class SegmentMetrics:
             buckets=SECONDS_BUCKETS,
             registry=registry,
         ).labels(backend)
-        self.shared_reads = Counter(
-            "sglang:feather_decode_shared_segment_reads",
-            "Shared segments a per-request kernel reads (each member reads each of its segments)",
-            labels,
-            registry=registry,
-        ).labels(backend)
-        self.tokens_read = Counter(
-            "sglang:feather_decode_kv_tokens_grouped",
-            "KV tokens a decode step reads with each shared segment read once",
-            labels,
-            registry=registry,
-        ).labels(backend)
-        self.tokens_logical = Counter(
-            "sglang:feather_decode_kv_tokens_logical",
-            "KV tokens a decode step reads request by request (the sum of sequence lengths)",
-            labels,
-            registry=registry,
-        ).labels(backend)
+        self.counters = {
+            count: Counter(name, help_text, labels, registry=registry).labels(backend)
+            for count, (name, help_text) in COUNTERS.items()
+        }
 
     def record(self, segments: BatchSegments, detection_s: float) -> None:
         self.segments.observe(segments.num_shared_segments)
         self.detection.observe(detection_s)
-        self.shared_reads.inc(segments.num_shared_reads_per_request)
-        self.tokens_read.inc(segments.num_tokens_read)
-        self.tokens_logical.inc(segments.num_tokens_logical)
+        for count, counter in self.counters.items():
+            counter.inc(getattr(segments, count))
