@@ -45,7 +45,7 @@ def _grouped(batch, q, scaling, segments: BatchSegments):
     return grouped_decode(q, k, v, plan, scaling)
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=35, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches)
 def test_segments_hold_their_invariants_and_attention_equals_torch_native(params):
     batch = build_batch(**params)

@@ -112,6 +112,6 @@ class DecodeBatches(RuleBasedStateMachine):
 
 
 DecodeBatches.TestCase.settings = settings(
-    max_examples=20, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=15, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestDecodeBatches = DecodeBatches.TestCase
