@@ -1,17 +1,4 @@
-"""Prefix segments of a decode batch: which requests read the same KV slots, found once per forward.
-
-How it works: SGLang's radix cache hands every request that matches a cached prefix the same physical KV
-slots, so the `req_to_token` rows of a decode batch form a trie: requests whose rows agree on their first L
-entries share L tokens of KV. The trie is built top-down. A set of requests starting at position `start`
-is split by the slot each holds there; a subset of two or more extends its shared span as far as all its
-rows agree, compared only up to its shortest member's `seq_len` (entries past it can be stale after a
-retraction) and rounded down to a page boundary (the radix cache shares whole pages). That span becomes a
-*shared segment*, read once for all of its members' queries, and the subset recurses from its end, so a
-system prompt and a document under it are two nested segments (a subset that shares less than a page splits
-where it parts, from the same start). What is left of a request below its deepest
-segment is its private *tail*. Every request's KV `[0, seq_len)` is thus cut into spans; attention over each
-span gives a partial result and its log-sum-exp, and the partials merge exactly (`kernel.py`).
-"""
+"""Prefix segments of a decode batch: which requests read the same KV slots, found once per forward."""
 
 from __future__ import annotations
 
@@ -75,7 +62,19 @@ def find_segments(rows: torch.Tensor, seq_lens: list[int], page_size: int = 1) -
     """Cut a decode batch into shared segments and tails.
 
     `rows[i, :seq_lens[i]]` are request i's KV slot indices (`req_to_token[req_pool_indices]`); entries past
-    `seq_lens[i]` are never read."""
+    `seq_lens[i]` are never read.
+
+    How it works: SGLang's radix cache hands every request that matches a cached prefix the same physical KV
+    slots, so the `req_to_token` rows of a decode batch form a trie: requests whose rows agree on their first
+    L entries share L tokens of KV. The trie is built top-down. A set of requests starting at position `start`
+    is split by the slot each holds there; a subset of two or more extends its shared span as far as all its
+    rows agree, compared only up to its shortest member's `seq_len` (entries past it can be stale after a
+    retraction) and rounded down to a page boundary (the radix cache shares whole pages). That span becomes a
+    *shared segment*, read once for all of its members' queries, and the subset recurses from its end, so a
+    system prompt and a document under it are two nested segments (a subset that shares less than a page
+    splits where it parts, from the same start). What is left of a request below its deepest segment is its
+    private *tail*. Every request's KV `[0, seq_len)` is thus cut into spans; attention over each span gives a
+    partial result and its log-sum-exp, and the partials merge exactly (`kernel.py`)."""
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
     if rows.dim() != 2 or rows.shape[0] != len(seq_lens):
