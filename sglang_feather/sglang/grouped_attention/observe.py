@@ -1,4 +1,4 @@
-"""Per-step counts of a decode batch's prefix segments, kept for any attention backend and exported as metrics."""
+"""Per-step counts of a decode batch's prefix segments, for any attention backend, as metrics."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Adds `--attention-backend feather_grouped` to SGLang, and carries over what SGLang keys on `torch_native`."""
+"""Adds `--attention-backend feather_grouped`; carries over what SGLang keys on `torch_native`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One bucket of grouped decode attention in Triton: each span's K/V read through its slot indices, no gather."""
+"""One bucket of grouped decode attention in Triton: K/V read through slot indices, no gather."""
 
 from __future__ import annotations
 
