@@ -243,7 +243,8 @@ def methods_for(shape: HeadShape, work: Workload, q, k, v) -> tuple[dict[str, Me
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
     from sglang_feather.sglang.grouped_attention.kernel import DecodePlan, GatherThenAttend, grouped_decode
-    from sglang_feather.sglang.grouped_attention.segments import find_segments, private_segments
+    from sglang_feather.sglang.grouped_attention.observe import SegmentObserver
+    from sglang_feather.sglang.grouped_attention.segments import private_segments
 
     scaling = shape.head_dim**-0.5
     seq_lens_cpu = torch.tensor(work.seq_lens, dtype=torch.int64)
@@ -265,11 +266,16 @@ def methods_for(shape: HeadShape, work: Workload, q, k, v) -> tuple[dict[str, Me
         )
         return out
 
+    observer = SegmentObserver("bench", PAGE_SIZE)  # what the backend runs in init_forward_metadata
+
     def plan(name: str, grouping: bool) -> Callable[[], DecodePlan]:
         def prepare() -> DecodePlan:
             seq_lens = seq_lens_cpu.tolist()
-            rows = work.req_to_token[work.req_pool_indices, : max(seq_lens)]
-            segments = find_segments(rows, seq_lens, PAGE_SIZE) if grouping else private_segments(seq_lens)
+            if grouping:
+                segments, rows = observer.observe(work.req_to_token, work.req_pool_indices, seq_lens)
+            else:
+                rows = work.req_to_token[work.req_pool_indices, : max(seq_lens)]
+                segments = private_segments(seq_lens)
             found[name] = segments
             return DecodePlan.build(segments, rows, shape.k_bytes_per_token)
 

@@ -41,8 +41,9 @@ def register() -> None:
     """Called by SGLang's `load_plugins()` in the launcher and again in every scheduler process.
 
     Adds `--attention-backend feather_grouped` on both paths; adds nothing more on an SGLang that carries the
-    source patch set (it already lists `feather`). On another SGLang release, or one whose hook targets moved, only the flag is added: choosing it fails at startup with a
-    message naming the supported release (SGLang's `load_plugins` would only log an exception)."""
+    source patch set (it already lists `feather`). On another SGLang release, or one whose hook targets
+    moved, only the flag is added: choosing it fails at startup with a message naming the supported release
+    (SGLang's `load_plugins` would only log an exception)."""
     global _registered, _startup_error
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -73,18 +74,31 @@ def register() -> None:
         HookRegistry.register(target, hook, HookType.AFTER)
 
 
-def check_sglang() -> str | None:
-    """Why this SGLang cannot run Feather (version, a hook target missing or with another signature); None if
-    it can."""
+def sglang_version() -> str:
     try:
-        version = importlib.metadata.version("sglang")
+        return importlib.metadata.version("sglang")
     except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
+        return "unknown"
+
+
+def unsupported_version() -> str | None:
+    """Why this SGLang's release is not the one Feather supports; None if it is."""
+    version = sglang_version()
     if version != SUPPORTED_SGLANG:
         return (
             f"sglang-feather supports SGLang {SUPPORTED_SGLANG} only, found {version}: "
             f"pip install 'sglang=={SUPPORTED_SGLANG}', or use another --schedule-policy"
         )
+    return None
+
+
+def check_sglang() -> str | None:
+    """Why this SGLang cannot run Feather (version, a hook target missing or with another signature); None if
+    it can."""
+    problem = unsupported_version()
+    if problem is not None:
+        return problem
+    version = SUPPORTED_SGLANG
     expected = {POLICY: (None, ("policy", "tree_cache")), BUILD_KV_CACHE: (None, ()), **HOOKS}
     for target, (_hook, params) in expected.items():
         try:

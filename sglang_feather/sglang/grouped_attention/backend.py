@@ -11,7 +11,7 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 from sglang_feather.sglang.grouped_attention.kernel import DecodePlan, grouped_decode, span_attention_for
 from sglang_feather.sglang.grouped_attention.names import GROUPED, GroupedAttentionError
-from sglang_feather.sglang.grouped_attention.observe import SegmentObserver
+from sglang_feather.sglang.grouped_attention.observe import SegmentObserver, decode_seq_lens
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +40,9 @@ class GroupedDecodeAttnBackend(TorchNativeAttnBackend):
     def init_forward_metadata(self, forward_batch: Any) -> None:
         super().init_forward_metadata(forward_batch)
         self.plan = None
-        if not forward_batch.forward_mode.is_decode() or forward_batch.batch_size == 0:
+        seq_lens = decode_seq_lens(forward_batch)
+        if seq_lens is None:
             return
-        seq_lens_cpu = forward_batch.seq_lens_cpu
-        seq_lens = (seq_lens_cpu if seq_lens_cpu is not None else forward_batch.seq_lens).tolist()
         segments, rows = self.observer.observe(
             self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, seq_lens
         )

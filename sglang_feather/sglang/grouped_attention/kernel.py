@@ -189,14 +189,17 @@ def grouped_decode(
             .reshape(num_spans, num_kv_heads, num_queries * group, head_dim)
         )
         out, lse = attend(queries, k_buffer, v_buffer, bucket, scaling)
+        # Back to one row per (span, query), its query heads in order.
         out = (
             out.view(num_spans, num_kv_heads, num_queries, group, v_dim)
             .transpose(1, 2)
-            .reshape(num_spans, num_queries, num_q_heads, v_dim)
+            .reshape(num_spans * num_queries, num_q_heads, v_dim)
         )
-        lse = lse.view(num_spans, num_kv_heads, num_queries, group).transpose(1, 2)
-        out = out.reshape(num_spans * num_queries, num_q_heads, v_dim)
-        lse = lse.reshape(num_spans * num_queries, num_q_heads)
+        lse = (
+            lse.view(num_spans, num_kv_heads, num_queries, group)
+            .transpose(1, 2)
+            .reshape(num_spans * num_queries, num_q_heads)
+        )
         if bucket.valid_rows is not None:
             out, lse = out.index_select(0, bucket.valid_rows), lse.index_select(0, bucket.valid_rows)
         outs.append(out.float())

@@ -14,6 +14,15 @@ SEGMENT_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256)
 SECONDS_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1)
 
 
+def decode_seq_lens(forward_batch: Any) -> list[int] | None:
+    """A non-empty decode batch's sequence lengths (from the host copy when SGLang keeps one); None for any
+    other batch (extend, mixed, idle), which no backend groups."""
+    if not forward_batch.forward_mode.is_decode() or not forward_batch.batch_size:
+        return None
+    seq_lens = forward_batch.seq_lens_cpu
+    return (seq_lens if seq_lens is not None else forward_batch.seq_lens).tolist()
+
+
 @dataclass(slots=True)
 class SegmentTotals:
     """Sums over decode steps; what a run reports per step is each sum over `num_steps`."""

@@ -6,7 +6,7 @@ import weakref
 from typing import Any
 
 from sglang_feather.sglang.grouped_attention.names import GROUPED
-from sglang_feather.sglang.grouped_attention.observe import SegmentMetrics, SegmentObserver
+from sglang_feather.sglang.grouped_attention.observe import SegmentMetrics, SegmentObserver, decode_seq_lens
 
 SEGMENT_METRICS_FLAG = "--feather-segment-metrics"
 _ATTR = "_feather_segment_metrics"
@@ -28,9 +28,9 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from sglang_feather.sglang.plugin import check_sglang
+    from sglang_feather.sglang.plugin import unsupported_version
 
-    if check_sglang() is not None:
+    if unsupported_version() is not None:
         return  # the plugin logs why, and leaves this SGLang as it is
     from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
     from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
@@ -52,13 +52,14 @@ def register() -> None:
 def create_backend(model_runner: Any) -> Any:
     from sglang_feather.sglang.grouped_attention.backend import GroupedDecodeAttnBackend
 
-    return GroupedDecodeAttnBackend(model_runner, make_observer(GROUPED, model_runner))
-
-
-def make_observer(backend: str, model_runner: Any) -> SegmentObserver:
     server_args = model_runner.server_args
-    metrics = SegmentMetrics(backend) if getattr(server_args, "enable_metrics", False) else None
-    return SegmentObserver(backend, int(model_runner.page_size or 1), metrics)
+    observer = make_observer(GROUPED, model_runner.page_size, getattr(server_args, "enable_metrics", False))
+    return GroupedDecodeAttnBackend(model_runner, observer)
+
+
+def make_observer(backend: str, page_size: int | None, with_metrics: bool) -> SegmentObserver:
+    """The segment observer a backend books its decode steps with (`sglang:feather_decode_*` if metrics)."""
+    return SegmentObserver(backend, int(page_size or 1), SegmentMetrics(backend) if with_metrics else None)
 
 
 def _cuda_graphs_off(server_args: Any, previous: Any) -> None:
@@ -104,19 +105,16 @@ def _from_cli_args(server_args: Any, _cls: type, args: Any) -> None:
 
 
 def _observe_torch_native(_result: None, backend: Any, forward_batch: Any) -> None:
-    """Counts a torch_native decode batch's segments when `--feather-segment-metrics` is on."""
-    if type(backend).__name__ != "TorchNativeAttnBackend" or not forward_batch.forward_mode.is_decode():
+    """Counts a torch_native decode batch's segments when `--feather-segment-metrics` is on (the grouped
+    backend, a subclass, books its own)."""
+    seq_lens = decode_seq_lens(forward_batch)
+    if type(backend).__name__ != "TorchNativeAttnBackend" or seq_lens is None:
         return
     if backend not in _native_observers:
         _native_observers[backend] = _native_observer()
     observer = _native_observers[backend]
-    if observer is not None and forward_batch.batch_size:
-        seq_lens = (
-            forward_batch.seq_lens_cpu if forward_batch.seq_lens_cpu is not None else forward_batch.seq_lens
-        )
-        observer.observe(
-            backend.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, seq_lens.tolist()
-        )
+    if observer is not None:
+        observer.observe(backend.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, seq_lens)
 
 
 def _native_observer() -> SegmentObserver | None:
@@ -125,4 +123,4 @@ def _native_observer() -> SegmentObserver | None:
     server_args = get_server_args()
     if not (getattr(server_args, _ATTR, False) and getattr(server_args, "enable_metrics", False)):
         return None
-    return SegmentObserver(TORCH_NATIVE, int(get_schedule().page_size or 1), SegmentMetrics(TORCH_NATIVE))
+    return make_observer(TORCH_NATIVE, get_schedule().page_size, with_metrics=True)
