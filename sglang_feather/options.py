@@ -190,6 +190,7 @@ def _or_none(parse: Callable[[str], T]) -> Callable[[str], T | None]:
 
 parse_int = _parser(int, "an integer")
 parse_float = _parser(float, "a number")
+parse_int_or_none = _or_none(parse_int)
 parse_float_or_none = _or_none(parse_float)
 parse_seconds_or_none = _or_none(_parser(float, "a number of seconds"))
 
@@ -252,6 +253,10 @@ def integer(value: Any) -> str | None:
 
 def boolean(value: Any) -> str | None:
     return None if isinstance(value, bool) else f"must be on or off (true or false), got {value!r}"
+
+
+def positive_int_or_none(value: Any) -> str | None:
+    return None if value is None else positive_int(value)
 
 
 def seconds_or_none(value: Any) -> str | None:

@@ -24,7 +24,9 @@ from sglang_feather.options import (
     parse_float,
     parse_float_or_none,
     parse_int,
+    parse_int_or_none,
     positive_int,
+    positive_int_or_none,
     positive_number_or_none,
 )
 
@@ -160,7 +162,21 @@ class SharedPrefixSpec:
     num_requests: int = _integer(800, "N", "conversations (first turns)")
     prefix_len: int = _integer(4096, "TOKENS", "shared prefix (system prompt) per group", non_negative_int)
     question_len: int = _integer(20, "TOKENS", "unique question per turn", non_negative_int)
-    output_len: int = _integer(50, "TOKENS", "output per turn (fixed length)")
+    output_len: int = _integer(50, "TOKENS", "output per turn (the shortest, with output_len_max)")
+    question_len_max: int | None = option(
+        None,
+        metavar="TOKENS",
+        help="draw each question's length uniformly from question_len..this; none = question_len each",
+        parse=parse_int_or_none,
+        check=positive_int_or_none,
+    )
+    output_len_max: int | None = option(
+        None,
+        metavar="TOKENS",
+        help="draw each output's length uniformly from output_len..this; none = output_len each",
+        parse=parse_int_or_none,
+        check=positive_int_or_none,
+    )
     popularity: str = _name("uniform", "group sizes", POPULARITY)
     zipf_alpha: float = option(
         1.0,
@@ -188,6 +204,10 @@ class SharedPrefixSpec:
             )
         if self.prefix_len + self.question_len < 1:
             raise WorkloadError("prefix_len", "and question_len are both 0: a prompt must be non-empty")
+        for name, low in (("question_len_max", self.question_len), ("output_len_max", self.output_len)):
+            high = getattr(self, name)
+            if high is not None and high < low:
+                raise WorkloadError(name, f"({high}) is below its minimum ({low})")
 
     @classmethod
     def per_group(cls, num_groups: int, prompts_per_group: int, **knobs) -> SharedPrefixSpec:
@@ -210,12 +230,13 @@ class SharedPrefixSpec:
     def requests(self) -> list[WorkloadRequest]:
         """Every turn: first turns in arrival order, then later turns conversation by conversation."""
         rng = np.random.default_rng(self.seed)
+        lengths = _Lengths(self)
         sizes = self.group_sizes()
         groups = np.repeat(np.arange(self.num_groups), sizes)
         members = np.concatenate([np.arange(n) for n in sizes])
         firsts, rest = [], []
         for g, j in zip(groups.tolist(), members.tolist(), strict=True):
-            turns = self._conversation(g, j)
+            turns = self._conversation(g, j, lengths)
             firsts.append(turns[0])
             rest.extend(turns[1:])
         firsts = [firsts[i] for i in ORDERS[self.order](groups, members, rng)]
@@ -224,14 +245,15 @@ class SharedPrefixSpec:
             firsts = [replace(r, arrival_s=float(t)) for r, t in zip(firsts, times, strict=True)]
         return firsts + rest
 
-    def _conversation(self, g: int, j: int) -> list[WorkloadRequest]:
+    def _conversation(self, g: int, j: int, lengths: _Lengths) -> list[WorkloadRequest]:
         tag = f"s{self.seed}/"
         history = (Segment(self.prefix_key(g), self.prefix_len),) if self.prefix_len else ()
         out: list[WorkloadRequest] = []
         for t in range(self.num_turns):
             suffix = "" if t == 0 else f".t{t}"
-            if self.question_len:
-                history = (*history, Segment(f"{tag}q{g}.{j}{suffix}", self.question_len))
+            question_len, output_len = lengths.next()
+            if question_len:
+                history = (*history, Segment(f"{tag}q{g}.{j}{suffix}", question_len))
             rid = f"g{g}-{j}" if self.num_turns == 1 else f"g{g}-{j}-t{t}"
             answer = f"{tag}a{g}.{j}{suffix}" if t + 1 < self.num_turns else None
             out.append(
@@ -241,18 +263,34 @@ class SharedPrefixSpec:
                     j,
                     t,
                     history,
-                    self.output_len,
+                    output_len,
                     follows=out[-1].rid if out else None,
                     answer_key=answer,
                 )
             )
             if answer is not None:
-                history = (*history, Segment(answer, self.output_len))
+                history = (*history, Segment(answer, output_len))
         return out
 
     def prompts(self, *, low: int = 1, high: int = VOCAB_SIZE) -> list[np.ndarray]:
         """Token ids of the first turns in arrival order (the prompts of a one-turn workload)."""
         return [concat_tokens(r.segments, low=low, high=high) for r in self.requests() if r.turn == 0]
+
+
+class _Lengths:
+    """Each turn's question and output lengths: the spec's fixed ones, or uniform draws up to their maxima from
+    a generator of their own (the arrival order and tokens are those of the fixed-length spec)."""
+
+    def __init__(self, spec: SharedPrefixSpec) -> None:
+        self._spec = spec
+        self._rng = np.random.default_rng((spec.seed, 1))
+
+    def next(self) -> tuple[int, int]:
+        spec = self._spec
+        return self._draw(spec.question_len, spec.question_len_max), self._draw(spec.output_len, spec.output_len_max)
+
+    def _draw(self, low: int, high: int | None) -> int:
+        return low if high is None else int(self._rng.integers(low, high + 1))
 
 
 FLAGS = declared(SharedPrefixSpec, prefix="--")

@@ -6,8 +6,16 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
+from sglang_feather.admission.concentration import Concentration
 from sglang_feather.admission.config import AdmissionConfig, StopScope
-from sglang_feather.admission.costs import Footprint, Headroom, NoFootprint, RunningFootprint, observe
+from sglang_feather.admission.costs import (
+    Footprint,
+    Headroom,
+    KvHeadroom,
+    NoFootprint,
+    RunningFootprint,
+    observe,
+)
 from sglang_feather.admission.deferral import InFlightCheck
 from sglang_feather.admission.lifecycle import Lifecycle
 from sglang_feather.admission.plan import PassPlan, Planning
@@ -63,6 +71,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
         state_tag: Mapping[str, str] | None = None,
         cache_events: bool = False,
         stop_scope: StopScope = StopScope.NEW_GROUPS,
+        concentration: Concentration | None = None,
     ):
         self.tree = tree
         self._stopper = stopper
@@ -79,6 +88,15 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
         self._decided_this_pass = False
         self._aged_this_pass = False
         self.footprint: Footprint = NoFootprint()
+        self.concentration = concentration
+        """The concentration rule (`concentration.py`); None: candidates are never held back for KV room."""
+        self._prefixes_closed = False
+        """The rule held a candidate back in this pass: the rest of the pass is closed to candidates that lock a
+        new prefix (the room and the running groups' demand fall together as their requests join, so the pool
+        binds for as long as the pass lasts), without asking the engine's room again."""
+        self._overtaken_held = False
+        """The rule held back a stranger the guard served before its bound: the guard serves only by the bound
+        for the rest of the pass."""
         self.stopper = stopper
         self.stop_scope = stop_scope
         self._groups_closed = False
@@ -104,6 +122,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
             state_tag=config.state_tag,
             cache_events=config.cache_events,
             stop_scope=StopScope(config.stop_scope),
+            concentration=Concentration(config.chunk_size) if config.concentrate else None,
         )
 
     @property
@@ -113,11 +132,11 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
     @stopper.setter
     def stopper(self, stopper: StoppingPolicy) -> None:
         """Hand the admission to `stopper` (between passes), the reward for the decisions still open included;
-        the footprint is kept only for a stopper that looks at observations (counted from the tree when one
-        takes over from a blind one)."""
+        the footprint is kept only for a stopper that looks at observations or for the concentration rule
+        (counted from the tree when one takes over from a blind one)."""
         self._stopper = stopper
         self._window.hand_over(stopper)
-        if stopper.blind_decision is not None:
+        if stopper.blind_decision is not None and self.concentration is None:
             self.footprint = NoFootprint()
         else:
             self._counted_footprint()
@@ -147,6 +166,10 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
             self._in_flight.reset()
         self._aged_this_pass = False
         self._groups_closed = False
+        self._prefixes_closed = False
+        self._overtaken_held = False
+        if self.concentration is not None:
+            self.concentration.pass_ended()
 
     def propose(
         self,
@@ -185,10 +208,13 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
             candidate = tree.best()
             if candidate is None:
                 return None
-            if self._groups_closed and candidate.adds_group:
-                if candidate.depth_cached == 0:
+            if self._closed_to(candidate):
+                if candidate.is_stranger:
                     return None  # nothing covered: every request left is a stranger, a new group too
-                self._hold_back(candidate.request_id)
+                if self._groups_closed and candidate.adds_group:
+                    self._hold_back(candidate.request_id)
+                else:
+                    self._concentrate(candidate.request_id)
                 continue
             if not self._in_flight.is_in_flight(tree, candidate, cached_tokens):
                 return Pick(candidate, is_aged=False)
@@ -216,6 +242,8 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
                 self.tree, self._counted_footprint(), candidate, batch_size, self.wait_s, headroom
             )
         adds_group = candidate.adds_group
+        if self._concentrates(pick, self._room_seen(headroom)):
+            return Proposal(candidate, observation, Decision.STOP, is_aged=pick.is_aged, is_held_back=True)
         if pick.is_aged:
             return Proposal(candidate, observation, Decision.ADD, is_aged=True)
         if pick.is_deferred or (self._groups_closed and adds_group):
@@ -223,6 +251,51 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
         self._count_decision(candidate, batch_size)
         decision = blind if observation is None else self.stopper.decide(observation)
         return Proposal(candidate, observation, decision, is_aged=False)
+
+    def _room_seen(self, headroom: Headroom | None) -> KvHeadroom | None:
+        """The engine's room at this decision, shown to the concentration rule (None without one)."""
+        if self.concentration is None:
+            return None
+        room = headroom() if headroom is not None else None
+        self.concentration.room_seen(room)
+        return room
+
+    def _concentrates(self, pick: Pick, room: KvHeadroom | None) -> bool:
+        """The concentration rule holds `pick` back (never a deferred pick, nor a due one that reached the
+        guard's bound; a stranger the guard serves before its bound, by the overtaken rule, is weighed like any
+        other pick)."""
+        if self.concentration is None or pick.is_deferred:
+            return False
+        candidate = pick.candidate
+        if pick.is_aged and self.guard.reached_bound(self.clock() - candidate.arrival):
+            return False
+        footprint = self._counted_footprint()
+        group = self.tree.prefix_hash(candidate.request_id)
+        if self._prefixes_closed:
+            return self.concentration.locks_new_prefix(candidate, footprint, group)
+        return self.concentration.holds_back(candidate, footprint, group, room, early=pick.is_aged)
+
+    def _closed_to(self, candidate: Candidate) -> bool:
+        """A STOP (new-groups scope) or the concentration rule closed this pass to `candidate`."""
+        if self._groups_closed and candidate.adds_group:
+            return True
+        if not self._prefixes_closed or self.concentration is None:
+            return False
+        group = self.tree.prefix_hash(candidate.request_id)
+        return self.concentration.locks_new_prefix(candidate, self._counted_footprint(), group)
+
+    def hold_back(self, proposal: Proposal) -> None:
+        """Pass over a request the concentration rule held back, until the pass ends; the pass goes on, closed
+        to candidates that lock a new prefix."""
+        self._concentrate(proposal.request_id)
+        if proposal.is_aged:  # the guard served it before its bound: the rest of the pass, by the bound only
+            self._overtaken_held = True
+        else:
+            self._prefixes_closed = True
+
+    def _concentrate(self, request_id: RequestId) -> None:
+        self._suspend(request_id)
+        self.stats.num_concentrated += 1
 
     def _count_decision(self, candidate: Candidate, batch_size: int) -> None:
         """A stopper decision on a pick that is neither aged nor deferred: the pass's first one rolls the
@@ -261,8 +334,11 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
         if not guard.is_starved(oldest_wait_s):
             return None  # no stranger waited that long, and the bound is no earlier than a stranger's due
         stranger = self.tree.oldest_stranger()
-        if stranger is not None and guard.is_starved(self.wait_s(stranger)):
-            return stranger
+        if stranger is not None:
+            stranger_wait_s = self.wait_s(stranger)
+            is_due = guard.reached_bound(stranger_wait_s) if self._overtaken_held else guard.is_starved(stranger_wait_s)
+            if is_due:
+                return stranger
         return oldest if guard.reached_bound(oldest_wait_s) else None
 
     def skip(self, proposal: Proposal | Pick) -> None:
@@ -290,6 +366,8 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
     def accept(self, proposal: Proposal) -> None:
         """The engine admitted the proposed request."""
         self._activate(proposal.request_id, proposal.candidate.depth_running)
+        if self.concentration is not None:
+            self.concentration.admitted(proposal.candidate)
         if not proposal.is_aged and proposal.observation is not None:
             self._window.record(DecisionRecord(proposal.observation, Decision.ADD))
         self._admitted(proposal.candidate, proposal.is_aged, self.clock() - proposal.candidate.arrival)
@@ -302,7 +380,12 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
         if is_aged:
             self.stats.num_aged += 1
             self._aged_this_pass = True
-            self.guard.admitted(wait_s, candidate.is_stranger)
+            # The concentration rule may have held a stranger past its overtaken due: one that reached the bound
+            # counts its delay from the bound, or the lead would grow by the rule's holds, not by the engine's.
+            stranger = candidate.is_stranger
+            if self.concentration is not None and self.guard.reached_bound(wait_s):
+                stranger = False
+            self.guard.admitted(wait_s, stranger)
         self.guard.served(wait_s)
 
     def decline(self, proposal: Proposal) -> bool:
@@ -347,6 +430,9 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
             if proposal is None:  # after a STOP closed the pass to new groups, the stopper ended it
                 stop = StopReason.STOPPER if self._groups_closed else StopReason.EMPTY
                 return AdmissionPlan(tuple(admitted), stop)
+            if proposal.is_held_back:  # it locks a new prefix while the pool binds: the pass goes on without it
+                self.hold_back(proposal)
+                continue
             if proposal.is_deferred:  # a new group in a pass a STOP closed to them: nothing more to offer
                 self.skip(proposal)
                 continue

@@ -81,6 +81,17 @@ class RunningFootprint:
     def num_groups(self) -> int:
         return len(self.running)
 
+    @property
+    def num_waiting(self) -> int:
+        """Waiting requests (O(waiting groups))."""
+        return sum(self.waiting.values())
+
+    @property
+    def num_waiting_running(self) -> int:
+        """Waiting requests whose prefix group runs (O(running groups))."""
+        waiting = self.waiting
+        return sum(waiting.get(group, 0) for group in self.running)
+
     def reset(self) -> None:
         self.running.clear()
         self.waiting.clear()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sglang_feather.admission.concentration import Concentration
 from sglang_feather.admission.costs import Footprint, NoFootprint
 from sglang_feather.admission.deferral import InFlightCheck
 from sglang_feather.admission.results import AdmissionStats
@@ -114,6 +115,7 @@ class Planning:
     _plan: PassPlan | None
     _aged_this_pass: bool
     _groups_closed: bool
+    concentration: Concentration | None
     wait_s: Callable[[RequestId], float]
     _due_request: Callable[[RequestId, AgingGuard, bool], RequestId | None]
     _count_decision: Callable[[Candidate, int], None]
@@ -121,9 +123,14 @@ class Planning:
 
     @property
     def can_plan(self) -> bool:
-        """Whether passes can be planned ahead: the stopper adds without looking (`blind_decision` ADD) and
-        the in-flight check asks the engine nothing (it reads the cache tier, or is off)."""
-        return self._stopper.blind_decision is Decision.ADD and not self._in_flight.needs_engine
+        """Whether passes can be planned ahead: the stopper adds without looking (`blind_decision` ADD), the
+        in-flight check asks the engine nothing (it reads the cache tier, or is off) and no concentration rule
+        weighs picks against the engine's room (a rule above the tree: it has no planned twin)."""
+        return (
+            self._stopper.blind_decision is Decision.ADD
+            and not self._in_flight.needs_engine
+            and self.concentration is None
+        )
 
     def plan_ahead(self, batch_size: int, max_picks: int, max_missing: int | None = None) -> list[Candidate]:
         """Up to `max_picks` more picks of this pass, each taken as `next_pick` takes it once the picks before

@@ -40,6 +40,9 @@ class Proposal:
     is_deferred: bool = False
     """A deferred pick (see `Pick.is_deferred`): the stopper was not asked; the engine skips it for this pass
     (`Admission.skip`)."""
+    is_held_back: bool = False
+    """The concentration rule held it back (it locks a new prefix while the KV pool binds): the stopper was not
+    asked; the engine passes over it for this pass (`Admission.hold_back`) and the pass goes on."""
 
     @property
     def request_id(self) -> RequestId:
@@ -79,6 +82,8 @@ class AdmissionStats:
     num_held_back: int = 0
     """Candidates that add a prefix group skipped, without asking the stopper, after a STOP closed the pass to
     new groups (stop scope `new-groups`)."""
+    num_concentrated: int = 0
+    """Candidates the concentration rule held back for a pass (they lock a new prefix while the pool binds)."""
     num_withdrawn: int = 0
     num_deferred: int = 0
     num_cache_events: int = 0

@@ -166,6 +166,32 @@ def _starvation() -> Iterator[Case]:
             yield Case(f"{gpu} starvation {name}", "starvation", knobs, EngineConfig(), gpu)
 
 
+CONCENTRATION_PRIVATE = {128: (96, 32), 512: (384, 128), 2048: (1536, 512)}
+"""Private part per request -> (question, output) tokens: three quarters question, one quarter output."""
+
+
+def concentration_cases(num_requests: int = 1000) -> Iterator[Case]:
+    """Issue 49's grid (81 cells): private part 128 / 512 / 2,048 tokens x 8 / 32 / 128 groups x 1K / 4K / 16K
+    prefixes x A100 / H200 / RTX 6000 Ada; Zipf(1.1) group sizes in random order, Poisson 40 req/s (a queue
+    builds wherever the GPU cannot serve 40 req/s), `num_requests` requests, SGLang's defaults."""
+    for gpu in ("a100-80gb", "h200", "rtx6000-ada"):
+        for prefix_len in (1024, 4096, 16384):
+            for num_groups in (8, 32, 128):
+                for private, (question_len, output_len) in CONCENTRATION_PRIVATE.items():
+                    spec = SharedPrefixSpec(
+                        num_groups=num_groups,
+                        num_requests=num_requests,
+                        prefix_len=prefix_len,
+                        question_len=question_len,
+                        output_len=output_len,
+                        popularity="zipf",
+                        zipf_alpha=1.1,
+                        rate=40.0,
+                    )
+                    label = f"{gpu} {num_groups}g {prefix_len // 1024}K private{private}"
+                    yield Case(label, "gsp", WorkloadConfig(spec), EngineConfig(), gpu)
+
+
 SWEEPS: dict[str, Callable[[], Iterator[Case]]] = {
     "demo": _demo,
     "rag": _rag,
@@ -173,12 +199,14 @@ SWEEPS: dict[str, Callable[[], Iterator[Case]]] = {
     "batch-order": _batch_order,
     "kv-pressure": _kv_pressure,
     "starvation": _starvation,
+    "concentration": concentration_cases,
 }
 
 VARIANTS: dict[str, tuple[str, dict]] = {
     "feather-noguard": ("feather", {"max_wait_s": None}),
     "feather-60s": ("feather", {"max_wait_s": 60.0}),
     "feather-bound-only": ("feather", {"due_when_overtaken": False}),
+    "feather-noconc": ("feather", {"concentrate": False}),
 }
 """Extra policy names a sweep may run: a policy with some admission options changed."""
 

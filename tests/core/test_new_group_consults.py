@@ -124,7 +124,9 @@ class FootprintMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.adm, _ = make(Recorder(stop_new_groups=False), scope="pass", defer_uncached_prefix=False)
+        self.adm, _ = make(
+            Recorder(stop_new_groups=False), scope="pass", defer_uncached_prefix=False, concentrate=False
+        )
         self.seeing = self.adm.stopper
         self.n = 0
 
@@ -185,7 +187,7 @@ class FootprintMachine(RuleBasedStateMachine):
     @invariant()
     def footprint_matches_a_recount(self):
         tree, fp = self.adm.tree, self.adm.footprint
-        if self.adm.stopper.blind_decision is not None:
+        if self.adm.stopper.blind_decision is not None and self.adm.concentration is None:
             assert isinstance(fp, NoFootprint)
             return
         active = self.ids(RequestState.ACTIVE)

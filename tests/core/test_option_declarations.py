@@ -28,6 +28,7 @@ VALID = {
     "state_path": ("{tmp}/state.json", "{tmp}/state.json"),
     "seed": ("5", 5),
     "defer_uncached_prefix": ("off", False),
+    "concentrate": ("off", False),
     "due_when_overtaken": ("off", False),
 }
 """Per option, a valid non-default value: (command-line text, JSON value)."""
@@ -45,6 +46,7 @@ INVALID = {
     "state_path": ("/nonexistent-dir/x/state.json", "/nonexistent-dir/x/state.json"),
     "seed": (None, 1.5),
     "defer_uncached_prefix": (None, "off"),
+    "concentrate": (None, "off"),
     "due_when_overtaken": (None, 1),
 }
 """Per option, a value that parses but is invalid: (command-line text or None when no text parses to an invalid
@@ -56,6 +58,7 @@ MALFORMED = {
     "max_wait_s": "soon",
     "seed": "x",
     "defer_uncached_prefix": "maybe",
+    "concentrate": "maybe",
     "due_when_overtaken": "sometimes",
 }
 """Per option, command-line text that does not parse."""

@@ -18,7 +18,9 @@ pass and guard, admission/compiled.py); `python`: `Planning` and the Python `Agi
 
 def make(stopper="always", max_wait_s=300.0, cache_events=True, planner="from-config"):
     clock = SimClock()
-    config = AdmissionConfig(chunk_size=4, stopper=stopper, max_wait_s=max_wait_s, cache_events=cache_events)
+    config = AdmissionConfig(
+        chunk_size=4, stopper=stopper, max_wait_s=max_wait_s, cache_events=cache_events, concentrate=False
+    )
     if planner == "from-config":
         return Admission.from_config(config, clock=clock)
     return Admission(

@@ -29,7 +29,9 @@ CHUNK = 16
 
 def _options(**kwargs) -> FeatherOptions:
     return FeatherOptions(
-        AdmissionConfig(chunk_size=CHUNK, stopper="always", defer_uncached_prefix=False, **kwargs)
+        AdmissionConfig(
+            chunk_size=CHUNK, stopper="always", defer_uncached_prefix=False, concentrate=False, **kwargs
+        )
     )
 
 

@@ -18,7 +18,8 @@ from sglang_feather.offline.sglang_objects import make_req as make_sglang_req
 from sglang_feather.sglang.metrics import FeatherMetrics
 from sglang_feather.sglang.options import FEATHER, FeatherOptions
 
-OPTIONS = FeatherOptions(AdmissionConfig(chunk_size=16, stopper="always", max_wait_s=2.0))
+OPTIONS = FeatherOptions(AdmissionConfig(chunk_size=16, stopper="always", max_wait_s=2.0, concentrate=False))
+"""Without the concentration rule, which has no planned twin: the planned and step paths are compared."""
 GROUPS_SUM = ("sglang:feather_prefix_groups_sum", (("model_name", "tiny"),))
 
 

@@ -36,7 +36,9 @@ class QueueOrderMachine(RuleBasedStateMachine):
         super().__init__()
         self.harness = AdapterHarness(
             FEATHER,
-            options=FeatherOptions(AdmissionConfig(chunk_size=CHUNK, stopper="always")),
+            options=FeatherOptions(  # the concentration rule has no planned twin: on with the step path
+                AdmissionConfig(chunk_size=CHUNK, stopper="always", concentrate=not self.plans_ahead)
+            ),
             allocator_size=3000,
         )
         self.runtime = self.harness.runtime
