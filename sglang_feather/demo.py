@@ -32,10 +32,12 @@ FEATHER_COUNTERS = (
     "sglang:feather_admissions_total",
     "sglang:feather_consults_total",
     "sglang:feather_stops_total",
+    "sglang:feather_concentrated_total",
     "sglang:feather_reward_windows_total",
     "sglang:feather_reward_total",
 )
-"""Printed after each run: admissions, the stopper's consults (both kinds) and STOPs, and its reward windows
+"""Printed after each run: admissions, the stopper's consults (both kinds) and STOPs, the concentration rule's
+holds, and the stopper's reward windows
 and their reward sum (the mean reward is the ratio)."""
 WORKLOAD_FLAGS = WorkloadFlags(
     SharedPrefixSpec.per_group(8, 16, prefix_len=512, question_len=32, output_len=32),
@@ -59,6 +61,8 @@ class Preset:
     output_details: bool = False
     metrics: tuple[Metric, ...] = METRICS
     legend: str = ""
+    bench_args: tuple[str, ...] = ()
+    """Extra bench_serving flags (e.g. `--gsp-range-ratio`)."""
 
 
 DEMO = Preset("demo", WORKLOAD_FLAGS.base, max_concurrency=64, out=Path("results/demo"))
@@ -98,6 +102,28 @@ DECODE_HEAVY = Preset(
 )
 """Decode-bound: every request arrives at once (bench_serving shuffles them, so groups interleave) and a batch
 of 64 cannot hold all 16 groups' requests, so which groups run together decides what a step reads."""
+
+CONCENTRATION = Preset(
+    "concentration",
+    SharedPrefixSpec.per_group(
+        24, 8, prefix_len=1536, question_len=800, output_len=128, popularity="zipf", zipf_alpha=1.1
+    ),
+    max_concurrency=64,
+    out=Path("results/demo-concentration"),
+    server_args=("--max-total-tokens", "10240"),
+    flush_cache=True,
+    output_details=True,
+    metrics=KV_PRESSURE_METRICS,
+    legend=KV_PRESSURE.legend
+    + "; concentrated = candidates Feather's concentration rule held back for a pass",
+    bench_args=("--gsp-range-ratio", "0.5"),
+)
+"""Issue 49's live set: 24 Zipf(1.1) groups (192 requests), bench_serving's `--gsp-range-ratio 0.5` drawing
+each group's system prompt from 768-1536 tokens, each question from 400-800 and each output from 64-128, a KV
+pool of 10,240 tokens (about four prefixes with their requests), 64 requests in flight (a queue builds at the
+server), cache flushed after the warmup request."""
+
+PRESETS = {preset.name: preset for preset in (DEMO, KV_PRESSURE, DECODE_HEAVY, CONCENTRATION)}
 
 FLAG_STRING_OPTIONS = ("--server-args", "--feather-args")
 """Options whose value is itself a command line: the next token is always their value."""
@@ -153,9 +179,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.add_argument_group("workload (bench_serving's generated-shared-prefix)"),
         aliases={"num_groups": ("--groups",), "prefix_len": ("--system-prompt-len",)},
     )
-    parser.add_argument(
+    presets = parser.add_mutually_exclusive_group()
+    presets.add_argument(
+        "--preset",
+        choices=tuple(PRESETS),
+        default=DEMO.name,
+        help="the workload, server flags and summary columns to run (default: %(default)s); workload flags "
+        "still override",
+    )
+    presets.add_argument(
         "--kv-pressure",
-        action="store_true",
+        dest="preset",
+        action="store_const",
+        const=KV_PRESSURE.name,
         help=(
             f"the KV-pressure preset: {KV_PRESSURE.spec.num_groups} groups x "
             f"{KV_PRESSURE.spec.num_requests // KV_PRESSURE.spec.num_groups} prompts, "
@@ -163,9 +199,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             "cache flushed after warmup, prefilled tokens from the server log (workload flags still override)"
         ),
     )
-    parser.add_argument(
+    presets.add_argument(
         "--decode-heavy",
-        action="store_true",
+        dest="preset",
+        action="store_const",
+        const=DECODE_HEAVY.name,
         help=(
             f"the decode-heavy preset: {DECODE_HEAVY.spec.num_groups} groups x "
             f"{DECODE_HEAVY.spec.num_requests // DECODE_HEAVY.spec.num_groups} prompts, "
@@ -203,9 +241,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--out", type=Path, default=None, help="default: results/demo (results/demo-kv-pressure)"
     )
     args = parser.parse_args(join_flag_strings(sys.argv[1:] if argv is None else argv))
-    if args.kv_pressure and args.decode_heavy:
-        parser.error("--kv-pressure and --decode-heavy are two presets: choose one")
-    args.preset = KV_PRESSURE if args.kv_pressure else DECODE_HEAVY if args.decode_heavy else DEMO
+    args.preset = PRESETS[args.preset]
     args.max_concurrency = args.max_concurrency or args.preset.max_concurrency
     args.out = args.out or args.preset.out
     try:
@@ -306,6 +342,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
         max_concurrency=args.max_concurrency,
         flush_cache=args.preset.flush_cache,
         output_details=args.preset.output_details,
+        extra_args=args.preset.bench_args,
     )
 
 

@@ -287,7 +287,9 @@ class _Lengths:
 
     def next(self) -> tuple[int, int]:
         spec = self._spec
-        return self._draw(spec.question_len, spec.question_len_max), self._draw(spec.output_len, spec.output_len_max)
+        return self._draw(spec.question_len, spec.question_len_max), self._draw(
+            spec.output_len, spec.output_len_max
+        )
 
     def _draw(self, low: int, high: int | None) -> int:
         return low if high is None else int(self._rng.integers(low, high + 1))

@@ -84,7 +84,7 @@ class AdmissionConfig:
         metavar="on|off",
         help="While the KV pool binds (the room left cannot hold the waiting requests of running prefix groups "
         "and the candidate), hold back for the pass a request that would lock a new prefix, so requests of "
-        "running groups take the room and fewer prefixes are locked (docs/policy.md, \"Concentration\")",
+        'running groups take the room and fewer prefixes are locked (docs/policy.md, "Concentration")',
         parse=parse_on_off,
         check=boolean,
     )

@@ -336,7 +336,11 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
         stranger = self.tree.oldest_stranger()
         if stranger is not None:
             stranger_wait_s = self.wait_s(stranger)
-            is_due = guard.reached_bound(stranger_wait_s) if self._overtaken_held else guard.is_starved(stranger_wait_s)
+            is_due = (
+                guard.reached_bound(stranger_wait_s)
+                if self._overtaken_held
+                else guard.is_starved(stranger_wait_s)
+            )
             if is_due:
                 return stranger
         return oldest if guard.reached_bound(oldest_wait_s) else None
@@ -430,7 +434,9 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
             if proposal is None:  # after a STOP closed the pass to new groups, the stopper ended it
                 stop = StopReason.STOPPER if self._groups_closed else StopReason.EMPTY
                 return AdmissionPlan(tuple(admitted), stop)
-            if proposal.is_held_back:  # it locks a new prefix while the pool binds: the pass goes on without it
+            if (
+                proposal.is_held_back
+            ):  # it locks a new prefix while the pool binds: the pass goes on without it
                 self.hold_back(proposal)
                 continue
             if proposal.is_deferred:  # a new group in a pass a STOP closed to them: nothing more to offer

@@ -43,6 +43,12 @@ class FeatherMetrics:
             "sglang:feather_stops",
             "STOPs of the stopping policy (each ended its pass, or closed it to new prefix groups).",
         )
+        self._concentrated = series(
+            Counter,
+            "sglang:feather_concentrated",
+            "Candidates the concentration rule held back for a pass (they would lock a new prefix while the KV "
+            "pool binds).",
+        )
         consults = Counter(
             "sglang:feather_consults",
             "Candidates the stopping policy decided on (not aged, deferred or forced); kind: adds a prefix group "
@@ -152,6 +158,9 @@ class FeatherMetrics:
 
     def stopped(self) -> None:
         self._stops.inc()
+
+    def concentrated(self) -> None:
+        self._concentrated.inc()
 
     def prefix_groups(self, num_groups: int) -> None:
         """Distinct prefix groups in what runs once a prefill batch launched (the running batch and it)."""

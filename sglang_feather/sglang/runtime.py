@@ -219,9 +219,16 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
         return result
 
     def _stop(self, req: Any, proposal: Proposal) -> Any:
-        """A STOP (or a deferred pick): skip the request; the pass goes on past it only where the stopper's
-        STOP closed the pass to new prefix groups (the next pick moves into the slot SGLang's loop reaches
-        next, and the loop continues), else SGLang's loop ends here."""
+        """A STOP (or a deferred or held-back pick): skip the request; the pass goes on past it where the
+        concentration rule held it back or the stopper's STOP closed the pass to new prefix groups (the next
+        pick moves into the slot SGLang's loop reaches next, and the loop continues), else SGLang's loop ends
+        here."""
+        if proposal.is_held_back:  # the concentration rule: the pass goes on past it
+            self.admission.hold_back(proposal)
+            if self.metrics is not None:
+                self.metrics.concentrated()
+            self._offer_after(req)
+            return AddReqResult.CONTINUE
         if proposal.is_deferred:
             self.admission.skip(proposal)
             return AddReqResult.OTHER

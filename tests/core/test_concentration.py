@@ -1,0 +1,275 @@
+"""The concentration rule: held back only while the pool binds, the bound and cold prompts kept, a reference model."""
+
+from collections import Counter
+
+import hypothesis.strategies as st
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from sglang_feather.admission import Admission, AdmissionConfig, KvHeadroom
+from sglang_feather.admission.concentration import PRIVATE_WINDOW, Concentration
+from sglang_feather.sim.engine import SimClock
+
+CHUNK = 4
+GROUP_A = [1] * 32  # 8 chunks
+GROUP_B = [2] * 32
+GROUP_C = [3] * 32
+
+
+class Pool:
+    """A KV pool in tokens: running requests hold their distinct chunks plus `reserve` tokens each (what the
+    engine promises them ahead); whatever is not held is room (cached chunks nobody runs count as evictable)."""
+
+    def __init__(self, adm: Admission, capacity: int, reserve: int = 0) -> None:
+        self.adm, self.capacity, self.reserve = adm, capacity, reserve
+
+    def held(self, extra: str | None = None) -> int:
+        tree = self.adm.tree
+        ids = [*tree.active_ids(), *([extra] if extra is not None else [])]
+        chunks = {h for rid in ids for h in tree.path_hashes(rid)}
+        return len(chunks) * CHUNK + self.reserve * len(ids)
+
+    def room(self) -> KvHeadroom:
+        return KvHeadroom(max(0, self.capacity - self.held()), self.capacity)
+
+    def fits(self, rid: str) -> bool:
+        return self.held(rid) <= self.capacity
+
+
+def make(capacity=1000, reserve=0, **kw):
+    clock = SimClock()
+    config = AdmissionConfig(chunk_size=CHUNK, defer_uncached_prefix=False, cache_events=True, **kw)
+    adm = Admission.from_config(config, clock=clock)
+    return adm, Pool(adm, capacity, reserve), clock
+
+
+def run_pass(adm: Admission, pool: Pool, max_requests=None) -> tuple[str, ...]:
+    plan = adm.select(adm.num_active, max_requests=max_requests, fits=pool.fits, headroom=pool.room)
+    for rid in plan.admitted:  # the engine's cache holds what ran
+        adm.cache_stored(adm.tree.path_hashes(rid))
+    return plan.admitted
+
+
+def warm_up(adm, pool):
+    """Three requests of group A in one pass: the second joins A, and its drop of the room, read at the third's
+    decision, measures `p` (8 tail tokens plus the pool's reserve); 56 tokens held without a reserve."""
+    for i in range(3):
+        adm.enqueue(f"w{i}", GROUP_A + [5 + i] * 8)
+    assert run_pass(adm, pool) == ("w0", "w1", "w2")
+
+
+def cached_b_and_two_of_a(adm):
+    """Group B's 72-token prefix cached (deeper than A's 32 that run: the ranking offers B first), two of B's
+    requests and two of A's waiting."""
+    adm.cache_stored(_chain(adm, B_PREFIX))
+    adm.enqueue("b0", B_PREFIX + [7] * 4)
+    adm.enqueue("b1", B_PREFIX + [8] * 4)
+    adm.enqueue("a3", GROUP_A + [9] * 8)
+    adm.enqueue("a4", GROUP_A + [10] * 8)
+
+
+B_PREFIX = GROUP_B + [3] * 40
+
+
+def test_a_new_prefix_waits_while_the_running_groups_need_the_room():
+    adm, pool, _ = make(capacity=100)
+    warm_up(adm, pool)
+    assert adm.concentration.mean_cost_tokens == 8
+    cached_b_and_two_of_a(adm)
+    assert run_pass(adm, pool) == ("a3", "a4"), "B's 76 tokens would take the room of A's 8-token tails"
+    assert adm.stats.num_concentrated == 2, "b0 by the rule, then b1: the pass was closed to new prefixes"
+    assert adm.is_waiting("b0") and not adm.tree.is_suspended("b0"), "held for one pass only"
+    for rid in ("w0", "w1", "w2", "a3", "a4"):
+        adm.finish(rid)
+    assert run_pass(adm, pool) == ("b0", "b1"), "with no running group's request waiting, B enters"
+
+
+def test_where_the_pool_holds_everything_the_rule_stays_out_of_the_way():
+    adm, pool, _ = make(capacity=10_000)
+    warm_up(adm, pool)
+    cached_b_and_two_of_a(adm)
+    assert run_pass(adm, pool) == ("b0", "b1", "a3", "a4")
+    assert adm.stats.num_concentrated == 0
+
+
+def test_the_bound_admits_a_held_request_and_a_cold_prompt_is_never_held():
+    adm, pool, clock = make(capacity=140, max_wait_s=10.0, due_when_overtaken=False)
+    warm_up(adm, pool)
+    cached_b_and_two_of_a(adm)
+    assert run_pass(adm, pool) == ("a3", "a4") and adm.stats.num_concentrated == 2
+    adm.finish("a3"), adm.finish("a4")
+    adm.enqueue("a5", GROUP_A + [11] * 8)
+    clock.now += 10.0
+    assert run_pass(adm, pool)[0] == "b0", "b0 reached the bound: the guard admits it first"
+    assert adm.stats.num_aged == 1
+    adm.enqueue("cold", [9] * 64)
+    candidate = adm.tree.candidate("cold")
+    group = adm.tree.prefix_hash("cold")
+    footprint = adm._counted_footprint()
+    assert not Concentration.locks_new_prefix(candidate, footprint, group), "nothing shares its prompt"
+
+
+def test_p_is_the_rooms_drop_per_admission_and_the_promise_what_it_takes_beyond_the_prompt():
+    adm, pool, _ = make(capacity=10_000, reserve=5)
+    for i in range(3):
+        adm.enqueue(f"a{i}", GROUP_A + [10 + i] * 8)
+    adm.enqueue("x", [7] * 4)
+    assert run_pass(adm, pool) == ("a0", "a1", "a2", "x")
+    conc = adm.concentration
+    assert conc.mean_cost_tokens == 8 + 5, "a1 and a2 joined A: 8 tail tokens and 5 promised each"
+    assert conc.promise_tokens == 5
+    for rid in ("a0", "a1", "a2", "x"):
+        adm.finish(rid)
+    adm.enqueue("c0", GROUP_A + [50] * 8)
+    for i in range(PRIVATE_WINDOW + 2):
+        adm.enqueue(f"b{i}", GROUP_A + [60 + i] * 4)
+    run_pass(adm, pool)
+    assert conc.mean_cost_tokens == 4 + 5, "the window keeps the last PRIVATE_WINDOW measurements"
+
+
+def test_off_holds_nothing_and_keeps_the_planned_pass():
+    adm, pool, _ = make(capacity=32 + 8 * 3, concentrate=False)
+    assert adm.concentration is None and adm.can_plan
+    assert make()[0].can_plan is False, "the rule has no planned twin: on, passes go step by step"
+
+
+def _chain(adm: Admission, tokens: list[int]):
+    """The chunk hash chain of `tokens` as the tree hashes them (a request enqueued and dropped to read it)."""
+    adm.enqueue("_probe", tokens)
+    chain = adm.tree.path_hashes("_probe")
+    adm.abort("_probe")
+    return chain
+
+
+# ----------------------------------------------------------------- against a reference model
+
+
+def reference_holds_back(adm: Admission, measured: list[tuple[int, int]], candidate, room, early) -> bool:
+    """The rule from scratch: group counts recounted from the tree, `p` and the promise from every room drop
+    the test saw (the last PRIVATE_WINDOW)."""
+    tree = adm.tree
+    window = measured[-PRIVATE_WINDOW:]
+    if not window or room is None:
+        return False
+    waiting = Counter(tree.prefix_hash(r) for r in tree.waiting_ids())
+    running = {tree.prefix_hash(r) for r in tree.active_ids()}
+    num_waiting_running = sum(n for g, n in waiting.items() if g in running)
+    if not early and num_waiting_running == 0:
+        return False
+    group = tree.prefix_hash(candidate.request_id)
+    adds_group = group not in running
+    locks = candidate.depth_cached > candidate.depth_running or (adds_group and waiting[group] > 1)
+    if not locks:
+        return False
+    p = sum(t for t, _ in window) / len(window)
+    promise = max(0.0, sum(t - q for t, q in window) / len(window))
+    cost = round((candidate.num_chunks - candidate.depth_running) * CHUNK + promise)
+    return cost > p and cost + round(sum(waiting.values()) * p) > room.num_free_tokens
+
+
+PROMPTS = st.builds(
+    lambda group, branch, tail: [group] * 16 + [branch] * 8 + [100 + tail] * tail,
+    st.integers(1, 4),
+    st.integers(1, 3),
+    st.integers(1, 12),
+)
+
+
+class ConcentrationMachine(RuleBasedStateMachine):
+    """Random arrivals, passes, finishes and evictions through `select` against a `Pool`: every hold the rule
+    makes equals the reference model's verdict, nothing is held while nothing of a running group waits (but an
+    early pick), a pass on an empty engine admits something, the footprint equals a recount, and every request
+    is admitted at most once and leaves once."""
+
+    def __init__(self):
+        super().__init__()
+        self.adm, self.pool, self.clock = make(capacity=160, reserve=3, max_wait_s=50.0)
+        self.n = 0
+        self.measured: list[tuple[int, int]] = []
+        self.admitted: Counter = Counter()
+        self.left: Counter = Counter()
+        self.num_checked = 0
+        conc = self.adm.concentration
+        original_holds, original_measured = conc.holds_back, conc._measured
+
+        def holds_back(candidate, footprint, group, room, early=False):
+            verdict = original_holds(candidate, footprint, group, room, early)
+            assert verdict == reference_holds_back(self.adm, self.measured, candidate, room, early)
+            self.num_checked += 1
+            return verdict
+
+        def measured(num_taken, num_prompt):
+            self.measured.append((num_taken, num_prompt))
+            original_measured(num_taken, num_prompt)
+
+        conc.holds_back, conc._measured = holds_back, measured
+
+    @rule(prompt=PROMPTS, count=st.integers(1, 4))
+    def arrive(self, prompt, count):
+        for _ in range(count):
+            self.n += 1
+            self.adm.enqueue(f"r{self.n}", prompt)
+
+    @rule()
+    def schedule(self):
+        was_empty = self.adm.num_active == 0 and self.adm.num_waiting > 0
+        admitted = run_pass(self.adm, self.pool)
+        self.admitted.update(admitted)
+        if was_empty and any(self.pool.fits(rid) for rid in self.adm.tree.waiting_ids()):
+            assert admitted, "an empty engine with a request that fits admitted nothing"
+
+    @precondition(lambda self: self.adm.num_active)
+    @rule(pick=st.integers(0, 100))
+    def finish(self, pick):
+        active = sorted(self.adm.tree.active_ids())
+        rid = active[pick % len(active)]
+        self.adm.finish(rid)
+        self.left[rid] += 1
+
+    @rule(seconds=st.floats(0.0, 30.0))
+    def wait(self, seconds):
+        self.clock.now += seconds
+
+    @precondition(lambda self: self.adm.num_waiting + self.adm.num_active)
+    @rule(pick=st.integers(0, 100))
+    def evict(self, pick):
+        ids = sorted([*self.adm.tree.waiting_ids(), *self.adm.tree.active_ids()])
+        chain = self.adm.tree.path_hashes(ids[pick % len(ids)])
+        self.adm.cache_removed([chain[min(len(chain) - 1, pick % 7)]])
+
+    @invariant()
+    def footprint_matches_a_recount(self):
+        tree, fp = self.adm.tree, self.adm.footprint
+        assert dict(fp.waiting) == Counter(tree.prefix_hash(r) for r in tree.waiting_ids())
+        assert dict(fp.running) == Counter(tree.prefix_hash(r) for r in tree.active_ids())
+
+    @invariant()
+    def each_request_admitted_and_left_at_most_once(self):
+        assert all(n == 1 for n in self.admitted.values())
+        assert all(n == 1 for n in self.left.values()) and set(self.left) <= set(self.admitted)
+        assert self.adm.tree.num_suspended == 0, "a hold lasts one pass"
+
+    def teardown(self):
+        while self.adm.num_waiting or self.adm.num_active:  # drain: nothing is stuck
+            for rid in sorted(self.adm.tree.active_ids()):
+                self.adm.finish(rid)
+            admitted = run_pass(self.adm, self.pool)
+            assert admitted or not self.adm.num_waiting, "a drained engine admits what waits"
+
+
+TestConcentrationMachine = ConcentrationMachine.TestCase
+TestConcentrationMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_the_machine_reaches_holds():
+    """The machine above is not vacuous: a fixed run of its rules makes holds the reference agrees with."""
+    machine = ConcentrationMachine()
+    for i in range(40):
+        machine.arrive([1] * 16 + [1] * 8 + [100 + i % 12] * (1 + i % 12), 1)
+        machine.arrive([2 + i % 3] * 16 + [1] * 8 + [100 + i % 5] * (1 + i % 5), 1)
+        machine.schedule()
+        if i % 3 == 0 and machine.adm.num_active:
+            machine.finish(i)
+    assert machine.num_checked > 0 and machine.measured
+    assert machine.adm.stats.num_concentrated > 0
+    machine.teardown()
