@@ -142,9 +142,11 @@ def test_prompts_shorter_than_a_block_share_nothing_and_still_run():
     assert set(driver.finished) == {"s0", "s1", "long"}
 
 
-def test_random_arrivals_aborts_and_preemptions_keep_cht_and_vllm_queues_equal():
+@pytest.mark.parametrize("concentrate", [False, True], ids=["concentrate-off", "concentrate-on"])
+def test_random_arrivals_aborts_and_preemptions_keep_cht_and_vllm_queues_equal(concentrate):
     rng = random.Random(10)
-    shape = EngineShape(num_blocks=24, max_num_seqs=6, max_num_batched_tokens=128, feather=NEVER_LOSE_A_CHUNK)
+    options = {**NEVER_LOSE_A_CHUNK, "concentrate": concentrate}
+    shape = EngineShape(num_blocks=24, max_num_seqs=6, max_num_batched_tokens=128, feather=options)
     driver = feather(shape)
     expected = {}
     next_id = 0
@@ -165,8 +167,12 @@ def test_random_arrivals_aborts_and_preemptions_keep_cht_and_vllm_queues_equal()
     driver.run()
     assert next_id == 60
     assert driver.finished == expected
-    assert any(step.preempted_req_ids for step in driver.history), "the run should exercise preemption"
-    assert driver.scheduler.admission.stats.num_stops > 0, "the run should exercise the stopper's STOP"
+    stats = driver.scheduler.admission.stats
+    if concentrate:  # fewer prefixes locked: the same arrivals need no preemption
+        assert stats.num_concentrated > 0, "the run should exercise the concentration rule"
+    else:
+        assert any(step.preempted_req_ids for step in driver.history), "the run should exercise preemption"
+    assert stats.num_stops > 0, "the run should exercise the stopper's STOP"
     assert len(driver.scheduler.admission.tree) == 0
 
 
