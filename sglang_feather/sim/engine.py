@@ -210,16 +210,19 @@ class Engine:
         self._publish_completed()
         if budget is not None and budget.items:
             gpu, kind, size, groups, tokens = self._prefill(budget), StepKind.PREFILL, len(budget.items), 0, 0
-            bound = gpu
+            bound, locked = gpu, 0
         elif self.running:
             (gpu, bound), size = self._decode(), len(self.running)
             groups = len({s.group for s in self.running})
             kind, tokens = StepKind.DECODE, size
+            locked = self.pool.cache.num_tokens - self.pool.cache.num_evictable
         else:
             self.pending_cpu += cpu
             return False
         step = max(gpu, cpu) if self.config.overlap_schedule else gpu + cpu
-        self.log.steps.append(StepRecord(kind, self.now, gpu, cpu, size, groups, tokens, ran_policy, bound))
+        self.log.steps.append(
+            StepRecord(kind, self.now, gpu, cpu, size, groups, tokens, ran_policy, bound, locked)
+        )
         self.now += step
         self._finish_step(kind)
         if not self.config.overlap_schedule:

@@ -25,6 +25,9 @@ class StepRecord:
     bound_gpu_s: float
     """The step's GPU time with perfect sharing: every shared prefix node of the batch read once from DRAM (as a
     cascade kernel would), private KV as before; a prefill step's own time."""
+    num_locked_tokens: int = 0
+    """Cached prompt tokens running requests lock (not evictable): their prefixes, each counted once, and their
+    own prompts; recorded for decode steps."""
 
 
 @dataclass(frozen=True)
