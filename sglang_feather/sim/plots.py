@@ -30,3 +30,44 @@ def plot_sweep(key: str, points: list[dict[str, Any]], out_dir: str | Path, titl
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_concentration_map(cells: list[dict[str, Any]], path: str | Path) -> Path:
+    """One panel per GPU of the concentration sweep (`sweeps.concentration_rows`): rows prefix x groups, columns
+    private part; colour = Feather with the rule over without it (where concentrating pays), text = Feather
+    over the better of dfs-weight and FCFS."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    def parts(case: str) -> tuple[str, str, str]:
+        gpu, groups, prefix, private = case.split()
+        return gpu, f"{prefix} {groups}", private.removeprefix("private")
+
+    gpus = list(dict.fromkeys(parts(c["case"])[0] for c in cells))
+    rows = list(dict.fromkeys(parts(c["case"])[1] for c in cells))
+    cols = list(dict.fromkeys(parts(c["case"])[2] for c in cells))
+    fig, axes = plt.subplots(1, len(gpus), figsize=(4.2 * len(gpus), 0.45 * len(rows) + 1.6), squeeze=False)
+    for ax, gpu in zip(axes[0], gpus, strict=True):
+        grid = np.full((len(rows), len(cols)), np.nan)
+        for c in cells:
+            g, r, col = parts(c["case"])
+            if g == gpu:
+                i, j = rows.index(r), cols.index(col)
+                grid[i, j] = c.get("x_noconc", np.nan)
+                ax.text(j, i, f"{c['x_best']:.2f}", ha="center", va="center", fontsize=7)
+        image = ax.imshow(grid, cmap="RdYlGn", vmin=0.8, vmax=1.2, aspect="auto")
+        ax.set_xticks(range(len(cols)), [f"private {c}" for c in cols], fontsize=7)
+        ax.set_yticks(range(len(rows)), rows, fontsize=7)
+        ax.set_title(gpu, fontsize=9)
+    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="feather / feather with the rule off")
+    fig.suptitle(
+        "Concentration rule (colour) and Feather / best of dfs-weight, FCFS (text), modelled", fontsize=9
+    )
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return out

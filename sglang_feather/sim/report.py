@@ -121,7 +121,9 @@ def summarize(policy: str, log: RunLog) -> Summary:
         cache_hit_rate=log.cache_hit_tokens / filled if filled else 0.0,
         groups_per_decode_step=float(np.mean([s.num_groups for s in decode])) if decode else 0.0,
         mean_decode_batch=float(np.mean([s.batch_size for s in decode])) if decode else 0.0,
-        locked_tokens_per_decode_step=float(np.mean([s.num_locked_tokens for s in decode])) if decode else 0.0,
+        locked_tokens_per_decode_step=float(np.mean([s.num_locked_tokens for s in decode]))
+        if decode
+        else 0.0,
         num_prefill_steps=len(log.steps) - len(decode),
         num_decode_steps=len(decode),
         num_retractions=log.num_retractions,

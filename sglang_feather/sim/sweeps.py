@@ -331,6 +331,69 @@ def order_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+CONCENTRATION_BASELINES = ("dfs-weight", "fcfs")
+"""The policies issue 49's bar compares Feather with: it must reach 0.98x the better of them in every cell."""
+
+
+def concentration_rows(rows: list[dict]) -> list[dict]:
+    """Per case of a run with feather, fcfs and dfs-weight (and feather-noconc, the rule off): Feather's ratio to
+    the better baseline and to itself without the rule, with groups per decode step, mean batch and the KV
+    tokens running requests lock. Seeds are summarised by their median."""
+    out = []
+    for case in dict.fromkeys(r["case"] for r in rows):
+        by_policy: dict[str, list[dict]] = {}
+        for r in rows:
+            if r["case"] == case:
+                by_policy.setdefault(r["policy"], []).append(r)
+        if not {"feather", *CONCENTRATION_BASELINES} <= set(by_policy):
+            continue
+
+        def med(policy: str, key: str, runs: dict[str, list[dict]] = by_policy) -> float:
+            return float(np.median([r.get(key, float("nan")) for r in runs[policy]]))
+
+        best = max(CONCENTRATION_BASELINES, key=lambda policy: med(policy, "output_tok_s"))
+        row = {"case": case, "best_baseline": best}
+        for policy in by_policy:
+            row[f"{policy}_tok_s"] = med(policy, "output_tok_s")
+            row[f"{policy}_groups"] = med(policy, "groups_per_decode_step")
+            row[f"{policy}_batch"] = med(policy, "mean_decode_batch")
+            row[f"{policy}_locked"] = med(policy, "locked_tokens_per_decode_step")
+        row["x_best"] = row["feather_tok_s"] / row[f"{best}_tok_s"]
+        if "feather-noconc" in by_policy:
+            row["x_noconc"] = row["feather_tok_s"] / row["feather-noconc_tok_s"]
+            row["num_concentrated"] = med("feather", "feather_num_concentrated")
+        out.append(row)
+    return out
+
+
+def concentration_table(rows: list[dict]) -> str:
+    cells = concentration_rows(rows)
+    lines = [
+        "| case | fcfs | dfs-weight | feather | rule off | x best (dfs/fcfs) | x rule off | groups/step "
+        "feather / dfs | batch feather / dfs | locked K tok feather / dfs | held |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        off = c.get("feather-noconc_tok_s", float("nan"))
+        lines.append(
+            f"| {c['case']} | {c['fcfs_tok_s']:.0f} | {c['dfs-weight_tok_s']:.0f} | {c['feather_tok_s']:.0f} "
+            f"| {off:.0f} | {c['x_best']:.3f} | {c.get('x_noconc', float('nan')):.3f} "
+            f"| {c['feather_groups']:.1f} / {c['dfs-weight_groups']:.1f} "
+            f"| {c['feather_batch']:.0f} / {c['dfs-weight_batch']:.0f} "
+            f"| {c['feather_locked'] / 1e3:.1f} / {c['dfs-weight_locked'] / 1e3:.1f} "
+            f"| {c.get('num_concentrated', float('nan')):.0f} |"
+        )
+    worst = min(cells, key=lambda c: c["x_best"], default=None)
+    if worst is not None:
+        lines.append("")
+        lines.append(
+            f"{len(cells)} cells; Feather / the better of dfs-weight and FCFS: min {worst['x_best']:.3f} "
+            f"({worst['case']}), median {np.median([c['x_best'] for c in cells]):.3f}; cells below 0.98: "
+            f"{sum(c['x_best'] < 0.98 for c in cells)}"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sglang_feather.sim.sweeps", description=__doc__)
     p.add_argument("sweep", choices=sorted(SWEEPS), help="which experiment")
@@ -342,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fixed-cpu-ms", type=float, help="charge this scheduler CPU per call instead of measuring"
     )
     p.add_argument("--json", help="write every run's summary here")
+    p.add_argument("--plot", help="concentration: draw the map of where the rule pays to this PNG")
     p.add_argument(
         "--load",
         nargs="+",
@@ -371,6 +435,13 @@ def main(argv: list[str] | None = None) -> int:
     if len({r["batch_order"] for r in rows}) > 1:
         print()
         print(order_table(rows))
+    if concentration_rows(rows):
+        print()
+        print(concentration_table(rows))
+        if args.plot:
+            from sglang_feather.sim.plots import plot_concentration_map
+
+            print(f"map: {plot_concentration_map(concentration_rows(rows), args.plot)}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=1, default=str)
