@@ -425,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.only in case.label:
                 seeds = list(range(args.first_seed, args.first_seed + args.seeds))
                 rows += run_case(case, policies, seeds, cpu)
+                if args.json:  # after every case: a long sweep cut short keeps what it ran
+                    _save(rows, args.json)
     print(table(rows, policies))
     if rows and all("cold_wait_max_s" in r for r in rows):
         print()
@@ -443,9 +445,13 @@ def main(argv: list[str] | None = None) -> int:
 
             print(f"map: {plot_concentration_map(concentration_rows(rows), args.plot)}")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=1, default=str)
+        _save(rows, args.json)
     return 0
+
+
+def _save(rows: list[dict], path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(rows, f, indent=1, default=str)
 
 
 if __name__ == "__main__":
