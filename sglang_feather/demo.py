@@ -106,7 +106,7 @@ of 64 cannot hold all 16 groups' requests, so which groups run together decides 
 CONCENTRATION = Preset(
     "concentration",
     SharedPrefixSpec.per_group(
-        24, 8, prefix_len=1536, question_len=800, output_len=128, popularity="zipf", zipf_alpha=1.1
+        24, 4, prefix_len=1536, question_len=800, output_len=128, popularity="zipf", zipf_alpha=1.1
     ),
     max_concurrency=64,
     out=Path("results/demo-concentration"),
@@ -118,7 +118,7 @@ CONCENTRATION = Preset(
     + "; concentrated = candidates Feather's concentration rule held back for a pass",
     bench_args=("--gsp-range-ratio", "0.5"),
 )
-"""Issue 49's live set: 24 Zipf(1.1) groups (192 requests), bench_serving's `--gsp-range-ratio 0.5` drawing
+"""Issue 49's live set: 24 Zipf(1.1) groups (96 requests), bench_serving's `--gsp-range-ratio 0.5` drawing
 each group's system prompt from 768-1536 tokens, each question from 400-800 and each output from 64-128, a KV
 pool of 10,240 tokens (about four prefixes with their requests), 64 requests in flight (a queue builds at the
 server), cache flushed after the warmup request."""
