@@ -34,8 +34,9 @@ shift in the traffic's private lengths is followed within that many admissions."
 # (without one the room would go unused), and the rest of the pass is closed to such candidates
 # (`Admission.hold_back`; the room and the demand fall together as requests join, so it binds for the rest of
 # the pass). The aging guard's bound admits whatever this rule says. Its early service of a stranger (the
-# overtaken rule) is held back whenever the pool binds: which group's prefix is locked is then the ranking's
-# choice (the heaviest covered group first), not the oldest request's. Where the pool does not bind the rule
+# overtaken rule) is held back whenever the pool binds, and the guard then serves by its bound alone for the
+# rest of the pass: which group's prefix is locked is the ranking's choice (the heaviest covered group first),
+# not the oldest request's. Where the pool does not bind the rule
 # stays out of the way, and so it does until admissions measured `p`.
 
 
