@@ -150,6 +150,17 @@ def _integer(default: int, metavar: str, help: str, check: Callable[[Any], str |
     return option(default, metavar=metavar, help=help, parse=parse_int, check=check)
 
 
+def _longest(what: str) -> Any:
+    """A length's maximum: with it, each one is drawn uniformly from `<what>_len` up to it."""
+    return option(
+        None,
+        metavar="TOKENS",
+        help=f"draw each {what}'s length uniformly from {what}_len..this; none = {what}_len each",
+        parse=parse_int_or_none,
+        check=positive_int_or_none,
+    )
+
+
 def _name(default: str, help: str, registry: Mapping[str, Any]) -> Any:
     return option(default, metavar="NAME", help=help, parse=str, choices=lambda: tuple(registry))
 
@@ -163,20 +174,8 @@ class SharedPrefixSpec:
     prefix_len: int = _integer(4096, "TOKENS", "shared prefix (system prompt) per group", non_negative_int)
     question_len: int = _integer(20, "TOKENS", "unique question per turn", non_negative_int)
     output_len: int = _integer(50, "TOKENS", "output per turn (the shortest, with output_len_max)")
-    question_len_max: int | None = option(
-        None,
-        metavar="TOKENS",
-        help="draw each question's length uniformly from question_len..this; none = question_len each",
-        parse=parse_int_or_none,
-        check=positive_int_or_none,
-    )
-    output_len_max: int | None = option(
-        None,
-        metavar="TOKENS",
-        help="draw each output's length uniformly from output_len..this; none = output_len each",
-        parse=parse_int_or_none,
-        check=positive_int_or_none,
-    )
+    question_len_max: int | None = _longest("question")
+    output_len_max: int | None = _longest("output")
     popularity: str = _name("uniform", "group sizes", POPULARITY)
     zipf_alpha: float = option(
         1.0,

@@ -193,3 +193,19 @@ def test_flag_errors_name_the_flag(argv, message):
     with pytest.raises(WorkloadError) as err:
         _flags(flags, argv)
     assert str(err.value).startswith(message)
+
+
+def test_length_ranges_draw_within_bounds_and_leave_the_fixed_trace_alone():
+    base = SharedPrefixSpec(num_groups=4, num_requests=40, question_len=100, output_len=128, rate=5.0, seed=3)
+    ranged = replace(base, question_len_max=800, output_len_max=256)
+    fixed, drawn = base.requests(), ranged.requests()
+    assert [(r.rid, r.arrival_s) for r in fixed] == [(r.rid, r.arrival_s) for r in drawn], (
+        "same order and arrivals"
+    )
+    questions = [r.segments[-1].num_tokens for r in drawn]
+    outputs = [r.output_len for r in drawn]
+    assert all(100 <= q <= 800 for q in questions) and len(set(questions)) > 10
+    assert all(128 <= o <= 256 for o in outputs) and len(set(outputs)) > 10
+    assert {r.segments[-1].num_tokens for r in fixed} == {100} and {r.output_len for r in fixed} == {128}
+    with pytest.raises(WorkloadError, match="output_len_max"):
+        replace(base, output_len_max=64)
