@@ -129,6 +129,25 @@ def test_kv_pressure_preset_shape_server_flags_and_bench_settings():
     assert demo.KV_PRESSURE.metrics is KV_PRESSURE_METRICS
 
 
+def test_concentration_preset_is_issue_49s_live_set():
+    args = demo.parse_args(["--preset", "concentration"])
+    spec = args.workload.spec
+    assert args.preset is demo.CONCENTRATION and spec.popularity == "zipf" and spec.zipf_alpha == 1.1
+    assert (spec.num_groups, spec.num_requests, spec.prefix_len, spec.question_len, spec.output_len) == (
+        24,
+        96,
+        1536,
+        800,
+        128,
+    )
+    config = demo.bench_config(args)
+    assert config.extra_args == ("--gsp-range-ratio", "0.5") and config.flush_cache
+        "a client flag, not the dataset's"
+    )
+    specs = demo.server_specs(args, "cpu")
+    assert all("--max-total-tokens" in spec.extra_args for spec in specs.values())
+
+
 def test_plain_demo_keeps_its_defaults():
     args = demo.parse_args([])
     assert args.preset is demo.DEMO and args.max_concurrency == 64 and str(args.out) == "results/demo"
@@ -200,4 +219,7 @@ def test_decode_heavy_runs_every_policy_and_stopper_on_each_attention_backend():
 def test_two_presets_at_once_are_refused(capsys):
     with pytest.raises(SystemExit):
         demo.parse_args(["--decode-heavy", "--kv-pressure"])
-    assert "choose one" in capsys.readouterr().err
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        demo.parse_args(["--preset", "concentration", "--kv-pressure"])
+    assert "not allowed with argument" in capsys.readouterr().err
