@@ -142,8 +142,6 @@ def test_concentration_preset_is_issue_49s_live_set():
     )
     config = demo.bench_config(args)
     assert config.extra_args == ("--gsp-range-ratio", "0.5") and config.flush_cache
-        "a client flag, not the dataset's"
-    )
     specs = demo.server_specs(args, "cpu")
     assert all("--max-total-tokens" in spec.extra_args for spec in specs.values())
 
