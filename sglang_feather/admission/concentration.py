@@ -36,8 +36,8 @@ shift in the traffic's private lengths is followed within that many admissions."
 # the pass). The aging guard's bound admits whatever this rule says. Its early service of a stranger (the
 # overtaken rule) is held back whenever the pool binds, and the guard then serves by its bound alone for the
 # rest of the pass: which group's prefix is locked is the ranking's choice (the heaviest covered group first),
-# not the oldest request's. Where the pool does not bind the rule
-# stays out of the way, and so it does until admissions measured `p`.
+# not the oldest request's. Where the pool does not bind the rule stays out of the way, and so it does until
+# admissions measured `p`.
 
 
 @dataclass(frozen=True)

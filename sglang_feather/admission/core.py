@@ -269,24 +269,29 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
         candidate = pick.candidate
         if pick.is_aged and self.guard.reached_bound(self.clock() - candidate.arrival):
             return False
-        footprint = self._counted_footprint()
-        group = self.tree.prefix_hash(candidate.request_id)
         if self._prefixes_closed:
-            return self.concentration.locks_new_prefix(candidate, footprint, group)
-        return self.concentration.holds_back(candidate, footprint, group, room, early=pick.is_aged)
+            return self._locks_new_prefix(candidate)
+        group = self.tree.prefix_hash(candidate.request_id)
+        return self.concentration.holds_back(
+            candidate, self._counted_footprint(), group, room, early=pick.is_aged
+        )
 
     def _closed_to(self, candidate: Candidate) -> bool:
         """A STOP (new-groups scope) or the concentration rule closed this pass to `candidate`."""
         if self._groups_closed and candidate.adds_group:
             return True
-        if not self._prefixes_closed or self.concentration is None:
+        return self._prefixes_closed and self._locks_new_prefix(candidate)
+
+    def _locks_new_prefix(self, candidate: Candidate) -> bool:
+        """The concentration rule's test of `candidate` (False without the rule)."""
+        if self.concentration is None:
             return False
         group = self.tree.prefix_hash(candidate.request_id)
         return self.concentration.locks_new_prefix(candidate, self._counted_footprint(), group)
 
     def hold_back(self, proposal: Proposal) -> None:
         """Pass over a request the concentration rule held back, until the pass ends; the pass goes on, closed
-        to candidates that lock a new prefix."""
+        to candidates that lock a new prefix (after the guard's early pick: to the guard's early service)."""
         self._concentrate(proposal.request_id)
         if proposal.is_aged:  # the guard served it before its bound: the rest of the pass, by the bound only
             self._overtaken_held = True
@@ -434,9 +439,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
             if proposal is None:  # after a STOP closed the pass to new groups, the stopper ended it
                 stop = StopReason.STOPPER if self._groups_closed else StopReason.EMPTY
                 return AdmissionPlan(tuple(admitted), stop)
-            if (
-                proposal.is_held_back
-            ):  # it locks a new prefix while the pool binds: the pass goes on without it
+            if proposal.is_held_back:  # it locks a new prefix while the pool binds: the pass goes on
                 self.hold_back(proposal)
                 continue
             if proposal.is_deferred:  # a new group in a pass a STOP closed to them: nothing more to offer
