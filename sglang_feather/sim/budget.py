@@ -92,7 +92,8 @@ class PassBudget:
     @classmethod
     def open(cls, engine: Engine) -> PassBudget:
         cfg, pool = engine.config, engine.pool
-        reserve = sum(min(s.remaining_out, CLIP_MAX_NEW_TOKENS) for s in engine.running) * cfg.new_token_ratio
+        ratio = engine.token_ratio.current
+        reserve = sum(min(s.remaining_out, CLIP_MAX_NEW_TOKENS) for s in engine.running) * ratio
         b = cls(engine, reserve, cfg.max_prefill_tokens, cfg.chunked_prefill_size)
         s = engine.chunked
         if s is not None:

@@ -12,6 +12,7 @@ from sglang_feather.options import ConfigError, add_flags, build, declared, flag
 from sglang_feather.sim import profile
 from sglang_feather.sim.engine import BATCH_ORDERS, EngineConfig
 from sglang_feather.sim.policies import POLICIES
+from sglang_feather.sim.token_ratio import NewTokenRatio, parse_ratio
 from sglang_feather.sim.workloads import WORKLOADS, WorkloadConfig
 from sglang_feather.workload import WorkloadFlags
 
@@ -41,6 +42,13 @@ WORKLOAD_FLAGS = WorkloadFlags(
 
 SIM_WORKLOAD_FIELDS = {f.name for f in fields(WorkloadConfig)} - {"spec"}
 """The simulator's own workload knobs (leval, rag, none, chat), with hand-written flags."""
+
+
+def _ratio(text: str) -> NewTokenRatio:
+    try:
+        return parse_ratio(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -96,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--num-cold", type=int, default=d.num_cold, help="starvation: cold prompts among the hot")
     w.add_argument("--cold-len", type=int, default=d.cold_len, help="starvation: tokens per cold prompt")
     w.add_argument(
+        "--eos-outputs",
+        action="store_true",
+        help="outputs end at EOS: requests ask for the output cap (--output-len-max, else --output-len) and "
+        "stop at their drawn length (gsp, paper, none, chat); pair with --new-token-ratio sglang",
+    )
+    w.add_argument(
         "--sweep", help="KEY=V1,V2,...: rerun for each value of a workload option, e.g. prefix_len=1024,4096"
     )
 
@@ -133,9 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--max-running-requests", type=int, default=e.max_running_requests, help="request slots")
     n.add_argument(
         "--new-token-ratio",
-        type=float,
+        type=_ratio,
         default=e.new_token_ratio,
-        help="share of remaining outputs reserved per running request (below 1 allows retraction)",
+        help="share of remaining outputs reserved per running request: a fixed ratio (1 = exact for "
+        "fixed-length outputs; below 1 allows retraction) or 'sglang', SGLang's schedule (0.7 decaying to "
+        "0.098 over 600 decode steps, reset when idle, re-estimated after a retraction)",
     )
     n.add_argument("--block-size", type=int, default=e.block_size, help="simulator prefix-cache block tokens")
     n.add_argument(

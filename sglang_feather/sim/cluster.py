@@ -36,13 +36,13 @@ class Instance(Engine):
     """One engine that receives its requests from the router instead of owning a trace."""
 
     def dispatch(self, s: ReqState, sent_s: float) -> None:
-        if s.prompt_len + s.spec.output_len >= self.pool.capacity:
+        if s.prompt_len + s.spec.max_new >= self.pool.capacity:
             raise TraceError(f"request {s.rid!r} does not fit one instance's KV pool ({self.pool.capacity})")
         if not self.busy:
             self.now = max(self.now, sent_s)
         self.states.append(s)
         self.by_rid[s.rid] = s
-        self.policy.prepare(s.rid, s.tokens, s.spec.output_len)
+        self.policy.prepare(s.rid, s.tokens, s.spec.max_new)
         heapq.heappush(self._arrivals, (sent_s, len(self.states), s.rid))
 
     @property

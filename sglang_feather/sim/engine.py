@@ -17,6 +17,7 @@ from sglang_feather.sim.metrics import RequestRecord, RunLog, StepKind, StepReco
 from sglang_feather.sim.policies import SimPolicy
 from sglang_feather.sim.requests import Phase, ReqState, output_tokens
 from sglang_feather.sim.sharing import DEFAULT_BLOCK_SIZE, block_ends
+from sglang_feather.sim.token_ratio import NewTokenRatio, RatioTracker
 from sglang_feather.sim.trace import TokenSource, TraceError
 
 
@@ -63,8 +64,9 @@ class EngineConfig:
     max_prefill_tokens: int = 16384
     chunked_prefill_size: int | None = 8192
     max_running_requests: int = 4096
-    new_token_ratio: float = 1.0
-    """Share of each running request's remaining output reserved at admission; 1.0 = fixed-length outputs."""
+    new_token_ratio: NewTokenRatio = NewTokenRatio.fixed(1.0)
+    """Share of each running request's remaining output reserved at admission: fixed 1.0 (exact for fixed-length
+    outputs, no retraction) or SGLang's decaying schedule (`SGLANG_RATIO`)."""
     block_size: int = DEFAULT_BLOCK_SIZE
     kv_capacity_tokens: int | None = None
     overlap_schedule: bool = True
@@ -118,6 +120,7 @@ class Engine:
         self.running: list[ReqState] = []
         self.chunked: ReqState | None = None
         self.batch_is_full = False
+        self.token_ratio = RatioTracker(self.config.new_token_ratio)
         self.pending_cpu = 0.0
         self._unpublished: list[ReqState] = []
         """Prefills completed in the last step whose prompts the overlap scheduler has not yet cached."""
@@ -131,14 +134,14 @@ class Engine:
         """Tokens per layer of the distinct shared nodes of the running batch (with `_split`)."""
         self._num_done = 0
         for i, s in enumerate(states):
-            total = s.prompt_len + s.spec.output_len
+            total = s.prompt_len + s.spec.max_new
             if total >= pool.capacity:
                 raise TraceError(f"request {s.rid!r} needs {total} KV tokens; the pool holds {pool.capacity}")
             if s.spec.follows is None:
                 heapq.heappush(self._arrivals, (s.spec.arrival_s, i, s.rid))
             else:
                 self._followers.setdefault(s.spec.follows, []).append(s)
-            policy.prepare(s.rid, s.tokens, s.spec.output_len)
+            policy.prepare(s.rid, s.tokens, s.spec.max_new)
         if self.config.warm_cache:
             self._warm()
 
@@ -218,6 +221,8 @@ class Engine:
             locked = self.pool.cache.num_tokens - self.pool.cache.num_evictable
         else:
             self.pending_cpu += cpu
+            if not self.waiting:
+                self.token_ratio.reset()  # SGLang's on_idle
             return False
         step = max(gpu, cpu) if self.config.overlap_schedule else gpu + cpu
         self.log.steps.append(
@@ -271,8 +276,14 @@ class Engine:
 
     def _decode(self) -> tuple[float, float]:
         """The decode step's GPU time, and its time with perfect sharing (each shared node read once)."""
+        retracted = False
         while not self.pool.fits(len(self.running)) and len(self.running) > 1:
             self._retract_one()
+            retracted = True
+        if retracted:
+            self.token_ratio.after_retract(self.running)
+        else:
+            self.token_ratio.decay_step()
         self.pool.alloc_decode(self.running)
         if self._split is None:
             nodes = [s.cost_nodes() for s in self.running]

@@ -43,8 +43,8 @@ def plot_concentration_map(cells: list[dict[str, Any]], path: str | Path) -> Pat
     import numpy as np
 
     def parts(case: str) -> tuple[str, str, str]:
-        gpu, groups, prefix, private = case.split()
-        return gpu, f"{prefix} {groups}", private.removeprefix("private")
+        gpu, groups, prefix, private, *variant = case.split()
+        return gpu, f"{prefix} {groups}", " ".join([private.removeprefix("private"), *variant])
 
     gpus = list(dict.fromkeys(parts(c["case"])[0] for c in cells))
     rows = list(dict.fromkeys(parts(c["case"])[1] for c in cells))

@@ -54,7 +54,8 @@ class ReqState:
 
     @property
     def remaining_out(self) -> int:
-        return self.spec.output_len - self.num_out
+        """Output tokens the engine still reserves room for: the request's cap less those generated."""
+        return self.spec.max_new - self.num_out
 
     def cost_nodes(self) -> tuple[tuple[int, int], ...]:
         return tuple((n.key, n.num_tokens) for n in self.nodes)

@@ -17,6 +17,7 @@ from sglang_feather.sim.engine import EngineConfig
 from sglang_feather.sim.profile import load_profile
 from sglang_feather.sim.report import summarize, wait_by_length
 from sglang_feather.sim.run import RunSpec, simulate
+from sglang_feather.sim.token_ratio import SGLANG_RATIO
 from sglang_feather.sim.workloads import WorkloadConfig, make_workload
 from sglang_feather.workload import SharedPrefixSpec
 
@@ -192,6 +193,27 @@ def concentration_cases(num_requests: int = 1000) -> Iterator[Case]:
                     yield Case(label, "gsp", WorkloadConfig(spec), EngineConfig(), gpu)
 
 
+def concentration_eos_cases(num_requests: int = 1000) -> Iterator[Case]:
+    """Issue 49's row with EOS-terminated outputs and SGLang's decaying `new_token_ratio` (0.7 down to 0.098)
+    instead of the grid's exact fixed 1.0: A100, 32 groups, 4K prefixes, the grid's three private parts, each
+    output drawn from half to 1.5 times the grid's (the same mean) with the cap as `max_new_tokens`."""
+    engine = EngineConfig(new_token_ratio=SGLANG_RATIO)
+    for private, (question_len, output_len) in CONCENTRATION_PRIVATE.items():
+        spec = SharedPrefixSpec(
+            num_groups=32,
+            num_requests=num_requests,
+            prefix_len=4096,
+            question_len=question_len,
+            output_len=output_len // 2,
+            output_len_max=output_len * 3 // 2,
+            popularity="zipf",
+            zipf_alpha=1.1,
+            rate=40.0,
+        )
+        label = f"a100-80gb 32g 4K private{private} eos"
+        yield Case(label, "gsp", WorkloadConfig(spec, eos_outputs=True), engine, "a100-80gb")
+
+
 SWEEPS: dict[str, Callable[[], Iterator[Case]]] = {
     "demo": _demo,
     "rag": _rag,
@@ -200,6 +222,7 @@ SWEEPS: dict[str, Callable[[], Iterator[Case]]] = {
     "kv-pressure": _kv_pressure,
     "starvation": _starvation,
     "concentration": concentration_cases,
+    "concentration-eos": concentration_eos_cases,
 }
 
 VARIANTS: dict[str, tuple[str, dict]] = {

@@ -33,6 +33,14 @@ class SimRequest:
     delay_s: float = 0.0
     output_key: str | None = None
     """Segment key of the generated tokens, so a later chat turn can hold them in its prompt."""
+    max_new_tokens: int | None = None
+    """The output cap the client sends when the output ends at EOS before it; None = `output_len` (fixed-length
+    outputs, bench_serving's `ignore_eos`)."""
+
+    @property
+    def max_new(self) -> int:
+        """What the engine reserves for (SGLang's `max_new_tokens`); the request stops after `output_len`."""
+        return self.output_len if self.max_new_tokens is None else self.max_new_tokens
 
     @property
     def prompt_len(self) -> int:
@@ -72,6 +80,10 @@ def validate(requests: Sequence[SimRequest]) -> None:
             raise TraceError(f"request {r.rid!r} has an empty prompt")
         if r.output_len <= 0:
             raise TraceError(f"request {r.rid!r} needs output_len >= 1, got {r.output_len}")
+        if r.max_new < r.output_len:
+            raise TraceError(
+                f"request {r.rid!r} has max_new_tokens {r.max_new} below its output_len {r.output_len}"
+            )
         if r.arrival_s < 0 or r.delay_s < 0:
             raise TraceError(f"request {r.rid!r} has a negative arrival or delay")
         if r.follows is not None and r.follows not in seen:
@@ -84,7 +96,7 @@ def to_record(r: SimRequest) -> dict:
         rec["prompt_ids"] = list(r.prompt_ids)
     else:
         rec["segments"] = [[s.key, s.num_tokens] for s in r.segments]
-    for key in ("group", "follows", "output_key"):
+    for key in ("group", "follows", "output_key", "max_new_tokens"):
         if getattr(r, key) is not None:
             rec[key] = getattr(r, key)
     if r.delay_s:
@@ -108,6 +120,7 @@ def from_record(rec: dict, where: str) -> SimRequest:
             follows=rec.get("follows"),
             delay_s=float(rec.get("delay_s", 0.0)),
             output_key=rec.get("output_key"),
+            max_new_tokens=int(rec["max_new_tokens"]) if "max_new_tokens" in rec else None,
         )
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, TraceError):

@@ -35,6 +35,16 @@ class WorkloadConfig:
     """starvation: cold prompts among the hot groups."""
     cold_len: int = 16384
     """starvation: tokens of each cold prompt (shared with nothing)."""
+    eos_outputs: bool = False
+    """Outputs end at EOS: each request asks for the output cap (output_len_max, else output_len) and stops at
+    its drawn length, so the engine reserves more than it uses (gsp, paper, none, chat)."""
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        """What each request of the spec asks for; None = exactly its output (`ignore_eos`)."""
+        if not self.eos_outputs:
+            return None
+        return self.spec.output_len if self.spec.output_len_max is None else self.spec.output_len_max
 
     def with_spec(self, **changes: Any) -> WorkloadConfig:
         """This config with the spec's fields `changes` replaced."""
@@ -57,7 +67,7 @@ def _order(reqs: list[SimRequest], spec: SharedPrefixSpec, rng: np.random.Genera
     return [replace(r, arrival_s=float(t)) for r, t in zip(reqs, times, strict=True)]
 
 
-def _sim_request(r: WorkloadRequest, group: str, think_s: float = 0.0) -> SimRequest:
+def _sim_request(r: WorkloadRequest, group: str, cfg: WorkloadConfig, think_s: float = 0.0) -> SimRequest:
     return SimRequest(
         r.rid,
         r.arrival_s,
@@ -67,6 +77,7 @@ def _sim_request(r: WorkloadRequest, group: str, think_s: float = 0.0) -> SimReq
         follows=r.follows,
         delay_s=think_s if r.follows else 0.0,
         output_key=r.answer_key,
+        max_new_tokens=cfg.max_new_tokens,
     )
 
 
@@ -77,7 +88,7 @@ def generated_shared_prefix(cfg: WorkloadConfig) -> list[SimRequest]:
     popularity (uniform|zipf, zipf_alpha), order, rate, seed; one turn.
     """
     spec = replace(cfg.spec, num_turns=1)
-    return [_sim_request(r, f"g{r.group}") for r in spec.requests()]
+    return [_sim_request(r, f"g{r.group}", cfg) for r in spec.requests()]
 
 
 def paper(cfg: WorkloadConfig) -> list[SimRequest]:
@@ -95,7 +106,7 @@ def no_sharing(cfg: WorkloadConfig) -> list[SimRequest]:
         popularity="uniform",
         num_turns=1,
     )
-    return [_sim_request(r, f"g{r.group}") for r in spec.requests()]
+    return [_sim_request(r, f"g{r.group}", cfg) for r in spec.requests()]
 
 
 def long_documents(cfg: WorkloadConfig) -> list[SimRequest]:
@@ -146,7 +157,7 @@ def multi_turn_chat(cfg: WorkloadConfig) -> list[SimRequest]:
     cached sequence; turn k arrives think_s after turn k-1 finishes. Conversations start offline or Poisson.
     """
     spec = replace(cfg.spec, num_groups=1, popularity="uniform")
-    return [_sim_request(r, f"c{r.member}", cfg.think_s) for r in spec.requests()]
+    return [_sim_request(r, f"c{r.member}", cfg, cfg.think_s) for r in spec.requests()]
 
 
 def starvation(cfg: WorkloadConfig) -> list[SimRequest]:

@@ -6,6 +6,7 @@ import pytest
 from sim_helpers import ALL_POLICIES, run, small_gsp
 
 from sglang_feather.sim.engine import EngineConfig
+from sglang_feather.sim.token_ratio import NewTokenRatio
 from sglang_feather.sim.workloads import WorkloadConfig, make_workload
 from sglang_feather.workload import SharedPrefixSpec
 
@@ -36,7 +37,9 @@ def test_each_request_finishes_once(cost, policy):
 @pytest.mark.parametrize("rate", [None, 50.0])
 def test_conservation_under_retraction_chunking_and_poisson(cost, policy, rate):
     requests = small_gsp(seed=3, prompts_per_group=8, output_len=40, rate=rate)
-    config = EngineConfig(kv_capacity_tokens=1500, new_token_ratio=0.05, chunked_prefill_size=256)
+    config = EngineConfig(
+        kv_capacity_tokens=1500, new_token_ratio=NewTokenRatio.fixed(0.05), chunked_prefill_size=256
+    )
     log = run(requests, cost, policy, config)
     _check(requests, log)
     assert log.num_retractions > 0
