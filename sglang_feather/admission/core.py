@@ -331,9 +331,9 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
 
     def _due_request(self, oldest: RequestId, guard: AgingGuard, is_aged: bool) -> RequestId | None:
         """The request `guard` serves now, `oldest` the longest-waiting one: the oldest stranger once it is due
-        (the ranking serves it last), else `oldest` once it reached the bound; None when neither is (or a due
-        request was admitted in this pass)."""
-        if is_aged:
+        (the ranking serves it last), else `oldest` once it reached the bound; None when neither is, when the
+        guard served one of the last EARLY_EVERY admissions, or when it served one in this pass (`is_aged`)."""
+        if is_aged or not guard.serves_early:
             return None
         oldest_wait_s = self.wait_s(oldest)
         if not guard.is_starved(oldest_wait_s):

@@ -165,9 +165,10 @@ class Planning:
     def _unguarded(self, plan: PassPlan, limit: int) -> tuple[int, RequestId | None]:
         """How many of the next picks (up to `limit`) no due check can touch, and, when none can be taken so,
         the due request that goes first (None then: nothing waits). All once a due request was planned; none
-        while one is due (`_due_request`, with the plan's guard); else as many as the overtaken rule leaves the
-        oldest stranger not due (all without strangers: picks only add coverage, so none appears in the pass;
-        no pick moves the bound)."""
+        while one is due (`_due_request`, with the plan's guard); while the oldest is past the bound, as many as
+        leave the guard's budget closed; else as many as the overtaken rule leaves the oldest stranger not due
+        (all without strangers: picks only add coverage, so none appears in the pass; no pick moves the
+        bound)."""
         if plan.is_aged:
             return limit, None
         oldest = self.tree.oldest()
@@ -177,6 +178,8 @@ class Planning:
         due = self._due_request(oldest, guard, False)
         if due is not None:
             return 0, due
+        if guard.reached_bound(self.wait_s(oldest)):
+            return guard.num_until_early(limit), None  # due once the guard's budget reopens
         stranger = self.tree.oldest_stranger()
         if stranger is None:
             return limit, None

@@ -14,28 +14,32 @@ LEAD_WINDOW = 16
 """Aged admissions whose delay sets the lead, and admissions whose median wait makes a request overtaken (the
 guard follows changes in load within this many)."""
 
-OVERTAKEN_EVERY = 12
-"""The overtaken rule serves at most one admission in this many. Chosen in the simulator (docs/policy.md, "Aging
-guard", where 4, 8, 12 and 16 were measured): the largest that kept every cold wait below FCFS's on three seeds
-of the starvation trace that keeps up; larger ones gave more of the ranking's order back under KV pressure."""
+EARLY_EVERY = 12
+"""The guard serves at most one admission in this many ahead of the ranking (by the overtaken rule or the bound).
+Chosen in the simulator for the overtaken rule (docs/policy.md, "Aging guard", where 4, 8, 12 and 16 were
+measured): the largest that kept every cold wait below FCFS's on three seeds of the starvation trace that keeps
+up; larger ones gave more of the ranking's order back under KV pressure."""
 
 # How it works.
 #
 # A request is *due* once its wait reaches `max_wait_s - lead_s` (the bound, for every request). A *stranger*
 # (a request with nothing covered, neither running nor cached: the one the ranking serves last) is also due,
 # with `when_overtaken` (the default), once it has waited longer than the median of the last LEAD_WINDOW
-# admitted requests and none of the last OVERTAKEN_EVERY admissions was itself served as overtaken: the
-# ranking is overtaking it, and arrival order would have served it by now. A covered request is never
+# admitted requests and none of the last EARLY_EVERY admissions was served by the guard: the ranking is
+# overtaking it, and arrival order would have served it by now. A covered request is never
 # overtaken in that sense: the ranking serves its group by depth and size, so it is due at the bound alone
 # (serving a small group's request early only mixes another prefix into the batch; on 32 Zipf groups under a
 # backlog that rule cost 6 % of the throughput and 40 % more groups per decode step, docs/policy.md). At
-# most one admission in OVERTAKEN_EVERY comes from the overtaken rule: a rare cold prompt among hot groups is
-# served within a few admissions, while a queue that is slow for everyone (overload, a closed-loop client)
-# keeps the rest of its admissions in the ranking's order instead of turning first come, first served. The
+# most one admission in EARLY_EVERY is the guard's (`serves_early`), the bound's included: a rare cold prompt
+# among hot groups, or a request past the bound, is served within a few admissions, while a queue that is
+# slow for everyone (overload, a closed-loop client, where every request passes the bound and no order can
+# keep it) keeps the rest of its admissions in the ranking's order instead of turning first come, first served
+# (which there costs the throughput that would drain the queue: on issue 49's 16K-prefix grid cell one
+# guarded admission per pass made 317 tok/s against dfs-weight's 472, and longer waits than either). The
 # admission component serves at most one due request per scheduling pass before it consults the ranking, and
 # defers it only while running requests are still computing the prefix it shares with them (a pass; it is
-# due again in the next): the oldest stranger when it is due, else the oldest request once it reached the
-# bound. The requests that share its prefix then rank first by coverage and follow it. An engine may still
+# due again in the next): the oldest request once it reached the bound, else the oldest stranger when it is
+# due. The requests that share its prefix then rank first by coverage and follow it. An engine may still
 # refuse a due request (its KV room is short) until running requests finish; the pass then ends there, so the
 # room that frees goes to it first. The time from falling due to admission is that wait for room plus the wait
 # for a pass of its own. `lead_s` is the longest such delay over the last LEAD_WINDOW aged admissions (at most
@@ -69,8 +73,8 @@ class AgingGuard:
         """Waits of the last admitted requests (any, aged or not)."""
         self._ordered: list[float] = []
         """`_recent` sorted, kept in step with it (a served wait costs a bisection, not a sort)."""
-        self._num_since_overtaken = 0
-        """Admissions since the last one the overtaken rule served, that one included (or since the start)."""
+        self._num_since_early = EARLY_EVERY
+        """Admissions since the guard last served one, that one included (the budget starts open)."""
         self._due_s: float | None = None
         self._update_due()
 
@@ -93,19 +97,15 @@ class AgingGuard:
             self._due_s = None
             return
         due = self.bound_wait_s
-        if (
-            self.when_overtaken
-            and len(self._recent) == LEAD_WINDOW
-            and self._num_since_overtaken >= OVERTAKEN_EVERY
-        ):
+        if self.when_overtaken and len(self._recent) == LEAD_WINDOW and self.serves_early:
             due = min(due, _median(self._ordered))
         self._due_s = due
 
     def served(self, wait_s: float) -> None:
-        """Any request was admitted after waiting `wait_s` (kept only for the overtaken rule)."""
+        """Any request was admitted after waiting `wait_s` (the wait kept only for the overtaken rule)."""
+        self._num_since_early += 1
         if self.when_overtaken:
             self._keep(wait_s)
-            self._num_since_overtaken += 1
             self._update_due()
 
     def _keep(self, wait_s: float) -> None:
@@ -117,14 +117,23 @@ class AgingGuard:
 
     def served_all(self, waits_s: list[float]) -> None:
         """`served` for each wait, in order (the due wait is worked out once)."""
+        self._num_since_early += len(waits_s)
         if self.when_overtaken and waits_s:
             if len(waits_s) == 1:
                 self._keep(waits_s[0])
             else:  # sorting the window once beats a bisection and a removal per wait
                 self._recent.extend(waits_s)
                 self._ordered = sorted(self._recent)
-            self._num_since_overtaken += len(waits_s)
             self._update_due()
+
+    @property
+    def serves_early(self) -> bool:
+        """The guard may serve a request ahead of the ranking: none of the last EARLY_EVERY admissions was its."""
+        return self._num_since_early >= EARLY_EVERY
+
+    def num_until_early(self, limit: int) -> int:
+        """How many of the next admissions (up to `limit`) pass before `serves_early` is true again (0: now)."""
+        return min(limit, max(0, EARLY_EVERY - self._num_since_early))
 
     def is_starved(self, wait_s: float) -> bool:
         """A stranger that waited `wait_s` is due (`due_wait_s`); no request is due before this is true."""
@@ -158,7 +167,7 @@ class AgingGuard:
         recent = self._recent
         bound = self.bound_wait_s
         mid = LEAD_WINDOW // 2
-        first_open = max(1, LEAD_WINDOW - len(recent), OVERTAKEN_EVERY - self._num_since_overtaken)
+        first_open = max(1, LEAD_WINDOW - len(recent), EARLY_EVERY - self._num_since_early)
         kept = self._ordered.copy()
         num_dropped = 0
         for num_served in range(first_open, min(limit, mid)):
@@ -174,14 +183,12 @@ class AgingGuard:
 
     def admitted(self, wait_s: float, stranger: bool = True) -> None:
         """A due request was admitted after waiting `wait_s`: the delay since it fell due (a `stranger` by
-        `due_wait_s`, any other by `bound_wait_s`) sets the lead, and one due by the overtaken rule alone (short
-        of the bound) closes that rule for OVERTAKEN_EVERY admissions (this one included). Report it before
-        `served`."""
+        `due_wait_s`, any other by `bound_wait_s`) sets the lead, and the guard serves no other request for
+        EARLY_EVERY admissions (this one included). Report it before `served`."""
         due = self.due_wait_s if stranger else self.bound_wait_s
         if due is None or math.isnan(wait_s):
             return
-        if wait_s < self.bound_wait_s:
-            self._num_since_overtaken = 0
+        self._num_since_early = 0
         self._delays.append(max(0.0, wait_s - due))
         self.lead_s = min(max(self._delays), self.max_wait_s / 2)
         self._update_due()

@@ -31,6 +31,7 @@ def state(guard) -> tuple:
         guard.lead_s,
         guard.due_wait_s,
         guard.bound_wait_s,
+        guard.serves_early,
     )
 
 
@@ -83,6 +84,7 @@ class GuardTwins(RuleBasedStateMachine):
         assert python.is_starved(wait_s) == compiled.is_starved(wait_s)
         assert python.reached_bound(wait_s) == compiled.reached_bound(wait_s)
         assert python.num_not_due(wait_s, limit) == compiled.num_not_due(wait_s, limit)
+        assert python.num_until_early(limit) == compiled.num_until_early(limit)
 
     @invariant()
     def same_state(self):

@@ -7,6 +7,7 @@ import pytest
 from sglang_feather.admission import Admission, AdmissionConfig, ConfigError, StopReason
 from sglang_feather.cht import InvalidTransition
 from sglang_feather.policy import Decision
+from sglang_feather.policy.aging import EARLY_EVERY
 from sglang_feather.sim.engine import SimClock
 
 
@@ -105,17 +106,24 @@ def test_aging_guard_admits_the_oldest_at_the_bound_not_before():
 
 def test_one_due_request_per_pass_then_its_group_follows():
     """A backlog of due requests does not turn the pass into FCFS: one due request, then the ranking, which
-    puts the requests sharing its prefix first."""
+    puts the requests sharing its prefix first; and the guard serves no other for EARLY_EVERY admissions."""
     adm, clock = make(max_wait_s=10.0, defer_uncached_prefix=False)
     for i in range(3):
         adm.enqueue(f"b{i}", GROUP_B + [i])
         adm.enqueue(f"a{i}", GROUP_A + [i])
+    for i in range(EARLY_EVERY):
+        adm.enqueue(f"c{i}", [100 + i] * 32)
     clock.now = 50.0
     plan = adm.select(batch_size=0, max_requests=3)
     assert plan.admitted == ("b0", "b1", "b2"), "b0 is due; its group follows it, not the older a0"
     assert adm.stats.num_aged == 1
     plan = adm.select(batch_size=3, max_requests=1)
-    assert plan.admitted == ("a0",) and adm.stats.num_aged == 2
+    assert plan.admitted == ("a0",) and adm.stats.num_aged == 1, "the ranking's: a0 first of the two groups"
+    plan = adm.select(batch_size=4, max_requests=8)
+    assert plan.admitted == ("a1", "a2", *(f"c{i}" for i in range(6))), "a's group follows a0"
+    assert adm.stats.num_aged == 1, "11 admissions since b0: the guard's budget is closed"
+    plan = adm.select(batch_size=12, max_requests=1)
+    assert plan.admitted == ("c6",) and adm.stats.num_aged == 2, "12 admissions on: the guard serves again"
 
 
 def test_a_due_stranger_takes_the_guards_slot_before_an_older_covered_request():
@@ -156,9 +164,15 @@ def test_the_overtaken_rule_serves_strangers_only():
     plan = adm.select(running, max_requests=1)
     assert plan.admitted == ("cold",) and adm.stats.num_aged == 1, "a stranger overtaken is due"
     clock.now = 100.0
-    adm.enqueue("a_late", GROUP_A + [999])
-    plan = adm.select(running + 1, max_requests=1)
-    assert plan.admitted == ("b_small",) and adm.stats.num_aged == 2, "due at the bound"
+    running += 1
+    for i in range(EARLY_EVERY - 1):
+        adm.enqueue(f"a_late{i}", GROUP_A + [900 + i])
+        plan = adm.select(running, max_requests=1)
+        assert plan.admitted == (f"a_late{i}",), "b_small reached the bound, but the guard served cold"
+        running += 1
+    adm.enqueue("a_last", GROUP_A + [999])
+    plan = adm.select(running, max_requests=1)
+    assert plan.admitted == ("b_small",) and adm.stats.num_aged == 2, "due at the bound, the budget open"
 
 
 def test_the_guard_learns_a_lead_from_late_admissions():
@@ -171,7 +185,8 @@ def test_the_guard_learns_a_lead_from_late_admissions():
     assert adm.guard.lead_s == 4.0, "it fell due at 10 s and was admitted at 14 s"
     adm.enqueue("next", GROUP_A + [1])
     clock.now = 20.0
-    assert adm.propose(batch_size=1).is_aged, "due 4 s before the bound now"
+    assert adm.guard.bound_wait_s == 6.0 and adm.guard.reached_bound(adm.wait_s("next")), "4 s early now"
+    assert not adm.propose(batch_size=1).is_aged, "but the guard served one of the last EARLY_EVERY"
 
 
 def test_lifecycle_and_requeue_keep_arrival():

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sglang_feather.policy import DEFAULT_MAX_WAIT_S, AgingGuard, RewardNormalizer
-from sglang_feather.policy.aging import LEAD_WINDOW, OVERTAKEN_EVERY, _median
+from sglang_feather.policy.aging import LEAD_WINDOW, EARLY_EVERY, _median
 
 
 def test_aging_guard_fires_at_the_bound_and_not_before():
@@ -57,13 +57,28 @@ def test_an_overtaken_admission_closes_the_rule_for_a_run_of_admissions():
     guard.admitted(1.0)  # due by the overtaken rule alone (1 s < the 100 s bound), admitted at once
     guard.served(1.0)
     assert guard.due_wait_s == 100.0, "closed: no more overtaken admissions for a while"
-    guard.served_all([1.0] * (OVERTAKEN_EVERY - 2))
-    assert guard.due_wait_s == 100.0, "one admission short of OVERTAKEN_EVERY"
+    guard.served_all([1.0] * (EARLY_EVERY - 2))
+    assert guard.due_wait_s == 100.0, "one admission short of EARLY_EVERY"
     guard.served(1.0)
-    assert guard.due_wait_s == 1.0, "at most one admission in OVERTAKEN_EVERY is an overtaken one"
-    guard.admitted(100.0)  # due by the bound: the overtaken rule stays open
+    assert guard.due_wait_s == 1.0, "at most one admission in EARLY_EVERY is an overtaken one"
+    guard.admitted(100.0)  # due by the bound: the budget is shared, so the overtaken rule closes too
     guard.served(100.0)
-    assert guard.due_wait_s == 1.0
+    assert guard.due_wait_s == guard.bound_wait_s and not guard.serves_early
+
+
+def test_the_guard_serves_at_most_one_admission_in_early_every_bound_included():
+    for when_overtaken in (True, False):
+        guard = AgingGuard(100.0, when_overtaken=when_overtaken)
+        assert guard.serves_early and guard.num_until_early(5) == 0, "the budget starts open"
+        guard.admitted(150.0, stranger=False)  # past the bound
+        guard.served(150.0)
+        assert not guard.serves_early
+        assert guard.num_until_early(100) == EARLY_EVERY - 1
+        assert guard.num_until_early(3) == 3
+        guard.served_all([1.0] * (EARLY_EVERY - 2))
+        assert not guard.serves_early and guard.num_until_early(100) == 1
+        guard.served(1.0)
+        assert guard.serves_early and guard.num_until_early(100) == 0
 
 
 def test_aging_guard_default_and_off():
@@ -168,12 +183,12 @@ _GUARD_STEPS = st.lists(
 def test_the_guard_matches_a_brute_force_model(steps):
     """Served waits, runs of them and aged admissions in any order: the due wait is `bound - lead`, or the
     median of the last LEAD_WINDOW served waits when that is sooner, the window is full and none of the last
-    OVERTAKEN_EVERY admissions was an aged one short of `bound - lead` (a model that keeps every event)."""
+    EARLY_EVERY admissions was an aged one (a model that keeps every event)."""
     bound = 100.0
     guard = AgingGuard(bound)
     served: list[float] = []
     delays: list[float] = []
-    last_overtaken: int | None = None  # index in `served` of the last overtaken admission
+    last_aged: int | None = None  # index in `served` of the last aged admission
     for kind, value in steps:
         if kind == "served":
             guard.served(value)
@@ -185,19 +200,19 @@ def test_the_guard_matches_a_brute_force_model(steps):
             due, lead = guard.due_wait_s, min(max(delays, default=0.0), bound / 2)
             guard.admitted(value)
             guard.served(value)
-            if value < bound - lead:
-                last_overtaken = len(served)
+            last_aged = len(served)
             delays.append(max(0.0, value - due))
             served.append(value)
         lead = min(max(delays[-LEAD_WINDOW:], default=0.0), bound / 2)
         expected = bound - lead
         window = served[-LEAD_WINDOW:]
-        since = len(served) - (0 if last_overtaken is None else last_overtaken)
-        if len(window) == LEAD_WINDOW and since >= OVERTAKEN_EVERY:
+        since = len(served) - (-EARLY_EVERY if last_aged is None else last_aged)
+        if len(window) == LEAD_WINDOW and since >= EARLY_EVERY:
             expected = min(expected, statistics.median(window))
         assert guard.lead_s == lead
         assert guard.due_wait_s == expected
         assert guard.clone().due_wait_s == expected
+        assert guard.serves_early == (since >= EARLY_EVERY)
 
 
 @given(

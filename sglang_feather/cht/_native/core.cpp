@@ -1983,11 +1983,12 @@ class Core {
         double oldest_wait = now - reqs_[oldest].arrival;
         int64_t stranger = oldest_stranger();
         double stranger_wait = stranger >= 0 ? now - reqs_[stranger].arrival : 0.0;
-        if (g.is_starved(oldest_wait)) {  // `Admission._due_request`
+        if (g.serves_early() && g.is_starved(oldest_wait)) {  // `Admission._due_request`
             if (stranger >= 0 && g.is_starved(stranger_wait)) due = static_cast<uint32_t>(stranger);
             else if (g.reached_bound(oldest_wait)) due = static_cast<uint32_t>(oldest);
             if (due != NIL) return 0;
         }
+        if (g.reached_bound(oldest_wait)) return g.num_until_early(limit);  // due once the budget reopens
         return stranger < 0 ? limit : g.num_not_due(stranger_wait, limit);
     }
 

@@ -54,6 +54,8 @@ void bind_guard(nb::module_& m) {
         .def("is_starved", [](const Guard& g, double w) { return g.is_starved(not_nan(w, "is_starved")); }, "wait_s"_a)
         .def("reached_bound", [](const Guard& g, double w) { return g.reached_bound(not_nan(w, "reached_bound")); },
              "wait_s"_a)
+        .def_prop_ro("serves_early", &Guard::serves_early)
+        .def("num_until_early", &Guard::num_until_early, "limit"_a)
         .def("num_not_due", &Guard::num_not_due, "wait_s"_a, "limit"_a)
         .def("admitted", &Guard::admitted, "wait_s"_a, "stranger"_a = true)
         .def("clone", [](const Guard& g) { return Guard(g); })

@@ -16,7 +16,7 @@
 namespace feather {
 
 constexpr int LEAD_WINDOW = 16;     // policy/aging.py LEAD_WINDOW
-constexpr int OVERTAKEN_EVERY = 12; // policy/aging.py OVERTAKEN_EVERY
+constexpr int EARLY_EVERY = 12;     // policy/aging.py EARLY_EVERY
 
 // The last `size()` (at most LEAD_WINDOW) values appended, oldest first.
 class Ring {
@@ -64,18 +64,23 @@ class Guard {
 
     // Any request was admitted after waiting `wait_s`.
     void served(double wait_s) {
+        ++num_since_early_;
         if (!when_overtaken_) return;
         keep(wait_s);
-        ++num_since_overtaken_;
         update_due();
     }
 
     // `served` for each of `n` waits in order (the due wait is worked out once).
     void served_all(const double* waits, size_t n) {
+        num_since_early_ += static_cast<int64_t>(n);
         if (!when_overtaken_ || n == 0) return;
         for (size_t i = 0; i < n; ++i) keep(waits[i]);
-        num_since_overtaken_ += static_cast<int64_t>(n);
         update_due();
+    }
+
+    bool serves_early() const { return num_since_early_ >= EARLY_EVERY; }
+    int64_t num_until_early(int64_t limit) const {
+        return std::min(limit, std::max<int64_t>(0, EARLY_EVERY - num_since_early_));
     }
 
     // Callers check for NaN first (the Python API raises ValueError).
@@ -93,7 +98,7 @@ class Guard {
         const double bound = *bound_wait_s();
         const int64_t mid = LEAD_WINDOW / 2, num_recent = recent_.size();
         const int64_t first_open =
-            std::max<int64_t>({1, LEAD_WINDOW - num_recent, OVERTAKEN_EVERY - num_since_overtaken_});
+            std::max<int64_t>({1, LEAD_WINDOW - num_recent, EARLY_EVERY - num_since_early_});
         std::array<double, LEAD_WINDOW> kept = ordered_;
         int64_t num_kept = num_recent, num_dropped = 0;
         for (int64_t num_served = first_open; num_served < std::min(limit, mid); ++num_served) {
@@ -114,7 +119,7 @@ class Guard {
     void admitted(double wait_s, bool stranger) {
         auto due = stranger ? due_s_ : bound_wait_s();
         if (!due || std::isnan(wait_s)) return;
-        if (wait_s < *bound_wait_s()) num_since_overtaken_ = 0;
+        num_since_early_ = 0;
         delays_.push(std::max(0.0, wait_s - *due));
         lead_s_ = std::min(delays_.max(), *max_wait_s_ / 2);
         update_due();
@@ -145,7 +150,7 @@ class Guard {
             return;
         }
         double due = *bound_wait_s();
-        if (when_overtaken_ && recent_.full() && num_since_overtaken_ >= OVERTAKEN_EVERY)
+        if (when_overtaken_ && recent_.full() && serves_early())
             due = std::min(due, median());
         due_s_ = due;
     }
@@ -156,7 +161,7 @@ class Guard {
     Ring delays_;   // delays since falling due of the last aged admissions (they set the lead)
     Ring recent_;   // waits of the last admitted requests
     std::array<double, LEAD_WINDOW> ordered_{};  // recent_ sorted
-    int64_t num_since_overtaken_ = 0;
+    int64_t num_since_early_ = EARLY_EVERY;  // admissions since the guard served one (the budget starts open)
     std::optional<double> due_s_;
 };
 
