@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sglang_feather.policy import DEFAULT_MAX_WAIT_S, AgingGuard, RewardNormalizer
-from sglang_feather.policy.aging import LEAD_WINDOW, EARLY_EVERY, _median
+from sglang_feather.policy.aging import EARLY_EVERY, LEAD_WINDOW, _median
 
 
 def test_aging_guard_fires_at_the_bound_and_not_before():
