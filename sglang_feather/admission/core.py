@@ -94,9 +94,8 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
         """The rule held a candidate back in this pass: the rest of the pass is closed to candidates that lock a
         new prefix (the room and the running groups' demand fall together as their requests join, so the pool
         binds for as long as the pass lasts), without asking the engine's room again."""
-        self._overtaken_held = False
-        """The rule held back a stranger the guard served before its bound: the guard serves only by the bound
-        for the rest of the pass."""
+        self._guard_held = False
+        """The rule held back the guard's pick in this pass: the ranking fills the rest of the pass."""
         self.stopper = stopper
         self.stop_scope = stop_scope
         self._groups_closed = False
@@ -167,7 +166,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
         self._aged_this_pass = False
         self._groups_closed = False
         self._prefixes_closed = False
-        self._overtaken_held = False
+        self._guard_held = False
         if self.concentration is not None:
             self.concentration.pass_ended()
 
@@ -261,14 +260,11 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
         return room
 
     def _concentrates(self, pick: Pick, room: KvHeadroom | None) -> bool:
-        """The concentration rule holds `pick` back (never a deferred pick, nor a due one that reached the
-        guard's bound; a stranger the guard serves before its bound, by the overtaken rule, is weighed like any
-        other pick)."""
+        """The concentration rule holds `pick` back (never a deferred pick; the guard's pick, due by the bound or
+        the overtaken rule, is weighed like any other, without needing a running group's request to wait)."""
         if self.concentration is None or pick.is_deferred:
             return False
         candidate = pick.candidate
-        if pick.is_aged and self.guard.reached_bound(self.clock() - candidate.arrival):
-            return False
         if self._prefixes_closed:
             return self._locks_new_prefix(candidate)
         group = self.tree.prefix_hash(candidate.request_id)
@@ -291,10 +287,10 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
 
     def hold_back(self, proposal: Proposal) -> None:
         """Pass over a request the concentration rule held back, until the pass ends; the pass goes on, closed
-        to candidates that lock a new prefix (after the guard's early pick: to the guard's early service)."""
+        to candidates that lock a new prefix (after the guard's pick: to the guard)."""
         self._concentrate(proposal.request_id)
-        if proposal.is_aged:  # the guard served it before its bound: the rest of the pass, by the bound only
-            self._overtaken_held = True
+        if proposal.is_aged:  # the guard's pick: the ranking fills the rest of the pass
+            self._guard_held = True
         else:
             self._prefixes_closed = True
 
@@ -332,22 +328,16 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
     def _due_request(self, oldest: RequestId, guard: AgingGuard, is_aged: bool) -> RequestId | None:
         """The request `guard` serves now, `oldest` the longest-waiting one: the oldest stranger once it is due
         (the ranking serves it last), else `oldest` once it reached the bound; None when neither is, when the
-        guard served one of the last EARLY_EVERY admissions, or when it served one in this pass (`is_aged`)."""
-        if is_aged or not guard.serves_early:
+        guard served one of the last EARLY_EVERY admissions, when it served one in this pass (`is_aged`), or when
+        the concentration rule held its pick in this pass."""
+        if is_aged or self._guard_held or not guard.serves_early:
             return None
         oldest_wait_s = self.wait_s(oldest)
         if not guard.is_starved(oldest_wait_s):
             return None  # no stranger waited that long, and the bound is no earlier than a stranger's due
         stranger = self.tree.oldest_stranger()
-        if stranger is not None:
-            stranger_wait_s = self.wait_s(stranger)
-            is_due = (
-                guard.reached_bound(stranger_wait_s)
-                if self._overtaken_held
-                else guard.is_starved(stranger_wait_s)
-            )
-            if is_due:
-                return stranger
+        if stranger is not None and guard.is_starved(self.wait_s(stranger)):
+            return stranger
         return oldest if guard.reached_bound(oldest_wait_s) else None
 
     def skip(self, proposal: Proposal | Pick) -> None:
@@ -390,7 +380,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
             self.stats.num_aged += 1
             self._aged_this_pass = True
             # The concentration rule may have held a stranger past its overtaken due: one that reached the bound
-            # counts its delay from the bound, or the lead would grow by the rule's holds, not by the engine's.
+            # counts its delay from the bound (holds past the bound count too; the lead is at most half of it).
             stranger = candidate.is_stranger
             if self.concentration is not None and self.guard.reached_bound(wait_s):
                 stranger = False

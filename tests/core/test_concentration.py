@@ -1,4 +1,4 @@
-"""The concentration rule: held back only while the pool binds, the bound and cold prompts kept, a reference model."""
+"""The concentration rule: held back only while the pool binds, cold prompts never, a reference model."""
 
 from collections import Counter
 
@@ -92,7 +92,7 @@ def test_where_the_pool_holds_everything_the_rule_stays_out_of_the_way():
     assert adm.stats.num_concentrated == 0
 
 
-def test_the_bound_admits_a_held_request_and_a_cold_prompt_is_never_held():
+def test_a_held_request_past_the_bound_waits_while_the_pool_binds_and_a_cold_prompt_is_never_held():
     adm, pool, clock = make(capacity=140, max_wait_s=10.0, due_when_overtaken=False)
     warm_up(adm, pool)
     cached_b_and_two_of_a(adm)
@@ -100,7 +100,11 @@ def test_the_bound_admits_a_held_request_and_a_cold_prompt_is_never_held():
     adm.finish("a3"), adm.finish("a4")
     adm.enqueue("a5", GROUP_A + [11] * 8)
     clock.now += 10.0
-    assert run_pass(adm, pool)[0] == "b0", "b0 reached the bound: the guard admits it first"
+    assert run_pass(adm, pool) == ("a5",), "b0 reached the bound, but A's a5 waits and the pool binds"
+    assert adm.stats.num_aged == 0 and adm.stats.num_concentrated == 4
+    for rid in ("w0", "w1", "w2", "a5"):
+        adm.finish(rid)
+    assert run_pass(adm, pool)[0] == "b0", "nothing of a running group waits: the guard admits b0 first"
     assert adm.stats.num_aged == 1
     adm.enqueue("cold", [9] * 64)
     candidate = adm.tree.candidate("cold")
