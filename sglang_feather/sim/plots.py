@@ -46,9 +46,12 @@ def plot_concentration_map(cells: list[dict[str, Any]], path: str | Path) -> Pat
         gpu, groups, prefix, private, *variant = case.split()
         return gpu, f"{prefix} {groups}", " ".join([private.removeprefix("private"), *variant])
 
+    def number(text: str) -> tuple[int, ...]:  # "4K 32g" -> (4, 32), "512 eos" -> (512,): numeric order
+        return tuple(int(word.rstrip("Kg")) for word in text.split() if word.rstrip("Kg").isdigit())
+
     gpus = list(dict.fromkeys(parts(c["case"])[0] for c in cells))
-    rows = list(dict.fromkeys(parts(c["case"])[1] for c in cells))
-    cols = list(dict.fromkeys(parts(c["case"])[2] for c in cells))
+    rows = sorted({parts(c["case"])[1] for c in cells}, key=number)
+    cols = sorted({parts(c["case"])[2] for c in cells}, key=lambda col: (number(col), col))
     fig, axes = plt.subplots(1, len(gpus), figsize=(4.2 * len(gpus), 0.45 * len(rows) + 1.6), squeeze=False)
     for ax, gpu in zip(axes[0], gpus, strict=True):
         grid = np.full((len(rows), len(cols)), np.nan)
