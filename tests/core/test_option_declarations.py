@@ -212,3 +212,28 @@ def test_the_docs_list_every_flag_and_key():
         assert re.search(rf"^\| `{opt.flag()} ", sglang_doc, re.MULTILINE), opt.flag()
     for opt in vllm_config.options():
         assert re.search(rf"^\| `{opt.name}` \|", vllm_doc, re.MULTILINE), opt.name
+
+
+def test_the_docs_tables_list_every_choice_an_option_declares():
+    """A row that documents an option with declared choices names each of them (`name`, or `"name"` as a vLLM
+    config value), so a choice added to the declaration cannot be missing from the docs."""
+    sglang_doc = (ROOT / "docs" / "sglang.md").read_text()
+    vllm_doc = (ROOT / "docs" / "vllm.md").read_text()
+    rows = {
+        opt.name: re.search(rf"^\| `{opt.flag()} .*$", sglang_doc, re.MULTILINE)
+        for opt in sglang_options.FLAGS
+    }
+    rows_vllm = {
+        opt.name: re.search(rf"^\| `{opt.name}` \|.*$", vllm_doc, re.MULTILINE)
+        for opt in vllm_config.options()
+    }
+    checked = 0
+    for opt in OPTIONS.values():
+        if opt.choices is None:
+            continue
+        for where, row in (("docs/sglang.md", rows.get(opt.name)), ("docs/vllm.md", rows_vllm.get(opt.name))):
+            assert row is not None, f"{where}: no row for {opt.name}"
+            missing = [c for c in opt.choices() if f"`{c}`" not in row[0] and f'`"{c}"`' not in row[0]]
+            assert not missing, f"{where}: the {opt.name} row omits {missing}"
+            checked += 1
+    assert checked >= 4, "stopper and stop_scope on both surfaces"
