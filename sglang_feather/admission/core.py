@@ -318,9 +318,10 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
 
     def _is_due(self, candidate: Candidate, guard: AgingGuard, is_aged: bool) -> bool:
         """`guard` serves this request now: it is due (a stranger by the bound or the overtaken rule, any other
-        by the bound) and no due request was admitted in this pass (`is_aged`); the admission's own guard and
-        flag, or their stand-ins while a pass is planned ahead."""
-        if is_aged:
+        by the bound), no due request was admitted in this pass (`is_aged`) nor held by the concentration rule,
+        and the guard's budget is open (`_due_request`'s gates); the admission's own guard and flag, or their
+        stand-ins while a pass is planned ahead."""
+        if is_aged or self._guard_held or not guard.serves_early:
             return False
         wait_s = self.clock() - candidate.arrival
         return guard.is_starved(wait_s) if candidate.is_stranger else guard.reached_bound(wait_s)
