@@ -33,11 +33,11 @@ shift in the traffic's private lengths is followed within that many admissions."
 # prefix and costs more than `p` is then held back for the pass while a request of a running group waits
 # (without one the room would go unused), and the rest of the pass is closed to such candidates
 # (`Admission.hold_back`; the room and the demand fall together as requests join, so it binds for the rest of
-# the pass). The aging guard's bound admits whatever this rule says. Its early service of a stranger (the
-# overtaken rule) is held back whenever the pool binds, and the guard then serves by its bound alone for the
-# rest of the pass: which group's prefix is locked is the ranking's choice (the heaviest covered group first),
-# not the oldest request's. Where the pool does not bind the rule stays out of the way, and so it does until
-# admissions measured `p`.
+# the pass). The aging guard's pick, due by the overtaken rule or by the bound, is held back whenever the pool
+# binds (even with no running group's request waiting), and the guard is then done for the pass: which group's
+# prefix is locked is the ranking's choice (the heaviest covered group first), not the oldest request's; a
+# cold prompt locks nothing new and is never held. Where the pool does not bind the rule stays out of the way,
+# and so it does until admissions measured `p`.
 
 
 @dataclass(frozen=True)

@@ -318,20 +318,23 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
 
     def _is_due(self, candidate: Candidate, guard: AgingGuard, is_aged: bool) -> bool:
         """`guard` serves this request now: it is due (a stranger by the bound or the overtaken rule, any other
-        by the bound), no due request was admitted in this pass (`is_aged`) nor held by the concentration rule,
-        and the guard's budget is open (`_due_request`'s gates); the admission's own guard and flag, or their
+        by the bound) and the guard is open (`_guard_closed`); the admission's own guard and flag, or their
         stand-ins while a pass is planned ahead."""
-        if is_aged or self._guard_held or not guard.serves_early:
+        if self._guard_closed(guard, is_aged):
             return False
         wait_s = self.clock() - candidate.arrival
         return guard.is_starved(wait_s) if candidate.is_stranger else guard.reached_bound(wait_s)
 
+    def _guard_closed(self, guard: AgingGuard, is_aged: bool) -> bool:
+        """No request is due now: the guard served one in this pass (`is_aged`), the concentration rule held its
+        pick in this pass, or the guard served one of the last EARLY_EVERY admissions."""
+        return is_aged or self._guard_held or not guard.serves_early
+
     def _due_request(self, oldest: RequestId, guard: AgingGuard, is_aged: bool) -> RequestId | None:
         """The request `guard` serves now, `oldest` the longest-waiting one: the oldest stranger once it is due
-        (the ranking serves it last), else `oldest` once it reached the bound; None when neither is, when the
-        guard served one of the last EARLY_EVERY admissions, when it served one in this pass (`is_aged`), or when
-        the concentration rule held its pick in this pass."""
-        if is_aged or self._guard_held or not guard.serves_early:
+        (the ranking serves it last), else `oldest` once it reached the bound; None when neither is or the guard
+        is closed (`_guard_closed`)."""
+        if self._guard_closed(guard, is_aged):
             return None
         oldest_wait_s = self.wait_s(oldest)
         if not guard.is_starved(oldest_wait_s):

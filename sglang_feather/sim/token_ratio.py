@@ -43,11 +43,6 @@ class NewTokenRatio:
     def is_fixed(self) -> bool:
         return self.min == self.init
 
-    def __str__(self) -> str:
-        if self.is_fixed:
-            return f"{self.init:g}"
-        return f"{self.init:g}->{self.min:g}/{self.decay_steps}"
-
 
 SGLANG_RATIO = NewTokenRatio(0.7, 0.7 * 0.14, 600)
 
