@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
+from sglang_feather.admission.refresh import prefixes_to_refresh
 from sglang_feather.cht import ChunkedHashTree, RequestState
 from sglang_feather.types import ChunkHash, RequestId
 
@@ -53,6 +54,11 @@ class TreeViews:
         as the cache tier knows them): what its prefill will not compute. For engines' load reports."""
         tree = self.tree
         return (tree.num_chunks(request_id) - tree.num_missing(request_id)) * tree.chunk_size
+
+    def prefixes_to_refresh(self, queue_head: Iterable[RequestId]) -> list[RequestId]:
+        """The waiting requests whose cached prefixes the engine should refresh in its LRU this pass, in that
+        order, from the head of its waiting queue (`refresh.py`)."""
+        return prefixes_to_refresh(self.tree, queue_head)
 
     def prefix_order(self, request_ids: Sequence[RequestId]) -> list[RequestId]:
         """The tracked ones of `request_ids` with requests sharing a prefix contiguous at every depth."""

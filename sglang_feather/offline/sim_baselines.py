@@ -19,6 +19,7 @@ from sglang_feather.sim.policies import PassContext, PolicySetup
 
 with quiet_sglang():
     from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers import schedule_policy as _schedule_policy
     from sglang.srt.managers.schedule_policy import SchedulePolicy
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
@@ -36,6 +37,28 @@ with quiet_sglang():
 # allocator).
 
 SGLANG_POLICIES = ("fcfs", "lpm", "dfs-weight")
+
+
+class RecordingPolicy(SchedulePolicy):
+    """SGLang's `SchedulePolicy`, recording the waiting requests whose cached prefixes its pass refreshed in
+    the tree cache's LRU, in refresh order: every request a cache-aware policy matched, and the ones
+    `_touch_waiting_prefixes` touched (so the simulator's cache can refresh the same ones)."""
+
+    refreshed: list[Req]
+
+    def calc_priority(self, waiting_queue: list[Req], *args, **kwargs) -> None:
+        self.refreshed = []
+        super().calc_priority(waiting_queue, *args, **kwargs)
+
+    def _compute_prefix_matches(self, waiting_queue: list[Req], policy):
+        self.refreshed.extend(waiting_queue)  # `match_kv_cache` on each, in queue order
+        return super()._compute_prefix_matches(waiting_queue, policy)
+
+    def _touch_waiting_prefixes(self, policy, waiting_queue: list[Req]) -> None:
+        calls = self._waiting_prefix_refresh_calls
+        super()._touch_waiting_prefixes(policy, waiting_queue)
+        if self._waiting_prefix_refresh_calls != calls and calls % _schedule_policy.WAITING_PREFIX_REFRESH_INTERVAL == 0:
+            self.refreshed.extend(reversed(waiting_queue[: _schedule_policy.WAITING_QUEUE_PREFIX_MATCH_MAX]))
 
 
 class RadixMirror:
@@ -81,7 +104,7 @@ class SGLangPolicy:
         self.name = name
         self.mirror = RadixMirror(setup.cache.capacity_tokens)
         self.tree_cache = describe_tree_cache(self.mirror.tree)
-        self.policy = SchedulePolicy(name, self.mirror.tree, False, False, False)
+        self.policy = RecordingPolicy(name, self.mirror.tree, False, False, False)
         self.reqs: dict[str, Req] = {}
         self.queue: list[Req] = []
         setup.cache.on_insert.append(self.mirror.insert)
@@ -95,6 +118,7 @@ class SGLangPolicy:
 
     def schedule(self, ctx: PassContext) -> None:
         self.policy.calc_priority(self.queue)
+        ctx.refresh_prefixes([r.rid for r in self.policy.refreshed])
         for req in self.queue:
             if not ctx.try_admit(req.rid):
                 break

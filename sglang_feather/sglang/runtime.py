@@ -7,11 +7,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from sglang.srt.environ import envs
 from sglang.srt.managers.schedule_policy import AddReqResult
-from sglang.srt.mem_cache.common import match_kv_cache
+from sglang.srt.mem_cache.common import match_kv_cache, touch_waiting_prefix
+from sglang.srt.runtime_context import get_disagg, get_memory
 
 from sglang_feather.admission import Admission, Pick, Proposal
 from sglang_feather.admission.costs import Headroom
+from sglang_feather.admission.refresh import REFRESH_WINDOW
 from sglang_feather.policy.base import Decision
 from sglang_feather.sglang.cache_events import EventTap, EventTranslator, events_enabled
 from sglang_feather.sglang.metrics import FeatherMetrics
@@ -22,6 +25,19 @@ from sglang_feather.sglang.queues import full_picture
 from sglang_feather.sglang.slots import QueueSlots
 
 logger = logging.getLogger(__name__)
+
+
+def _lru_refresh_enabled(tree_cache: Any) -> bool:
+    """Where SGLang 0.5.23 refreshes waiting prefixes for its own policies (`_touch_waiting_prefixes`): its
+    switch is on, the cache shares prefixes, evicts by LRU and has no fast match, and this is no decode server."""
+    return (
+        envs.SGLANG_ENABLE_WAITING_PREFIX_REFRESH.get()
+        and get_disagg().disaggregation_mode != "decode"
+        and get_memory().radix_eviction_policy.lower() == "lru"
+        and not tree_cache.supports_fast_match_prefix()
+        and tree_cache.supports_prefix_sharing()
+    )
+
 
 SAVE_INTERVAL_S = 30.0
 """How often a learning stopper's state is written to `--feather-state-path` while serving."""
@@ -92,6 +108,9 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
         self._slot = 0
         self._moved: list[Any] = []
         """Picks moved to the head of the queue and not admitted: put back in queue-number order next pass."""
+        self.refreshes_prefixes = has_cache and _lru_refresh_enabled(tree_cache)
+        """Each pass refreshes the waiting queue's cached prefixes in the tree cache's LRU (`refresh.py`)
+        where SGLang's own refresh of them would run."""
         self.plans_ahead = self.admission.can_plan
         """Plan passes ahead (see "how it works"); False takes the step path, with the same admissions."""
         self._init_plans(prefill_budget_tokens, self.config.chunk_size)
@@ -162,6 +181,8 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
             elif len(waiting_queue) != self.admission.num_waiting:
                 self._drifted(self._sync(waiting_queue, running, complete=False))
             self._put_back(waiting_queue)
+            if self.refreshes_prefixes:
+                self._refresh_prefixes(waiting_queue)
             self._admitted_before = self.admission.stats.num_admitted
             if self.plans_ahead:
                 self._begin_plan(len(running))
@@ -239,6 +260,13 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
             return AddReqResult.OTHER
         self._offer_after(req)
         return AddReqResult.CONTINUE
+
+    def _refresh_prefixes(self, waiting_queue: list[Any]) -> None:
+        """Touch, in the tree cache's LRU, the cached prefixes Admission names from the queue's head."""
+        head = waiting_queue[:REFRESH_WINDOW]
+        by_id = {req.rid: req for req in head}
+        for rid in self.admission.prefixes_to_refresh(by_id):
+            touch_waiting_prefix(by_id[rid], self.tree_cache)
 
     def _proposal_for(self, req: Any, batch_size: int, headroom: Headroom | None) -> Proposal | None:
         """The stopper's proposal for the request SGLang reached; None ends the pass (Feather has nothing

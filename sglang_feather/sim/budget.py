@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -121,6 +122,13 @@ class PassBudget:
 
     def kv_headroom(self) -> KvHeadroom:
         return KvHeadroom(max(0, int(self.remaining_total)), self.engine.pool.capacity)
+
+    def refresh_prefixes(self, rids: Sequence[str]) -> None:
+        waiting = self.engine.waiting
+        self.engine.pool.cache.touch_paths([waiting[rid].hashes for rid in rids])
+
+    def waiting_in_queue_order(self, limit: int) -> list[str]:
+        return list(itertools.islice(self.engine.waiting, limit))
 
     def slots_left(self, engine: Engine) -> int:
         taken = len(engine.running) + len(self.admitted) + (engine.chunked is not None)

@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 
 from sglang_feather.admission import Admission
+from sglang_feather.admission.refresh import REFRESH_WINDOW
 from sglang_feather.sim.policies import PassContext, PolicySetup
 from sglang_feather.types import ChunkHash
 
@@ -23,7 +24,9 @@ from sglang_feather.types import ChunkHash
 # that name no chunk). The tier then answers the in-flight check (a request whose shared prefix is running
 # but not yet cached is skipped for the pass) and the ranking by cached prefix. The stopper's reward window is Admission's own: each decode step's
 # tokens go to `on_decode_step` and each prefill step to `on_prefill_step` when the step ends, and
-# `on_batch_drained` when no request runs any more, as in the SGLang and vLLM adapters.
+# `on_batch_drained` when no request runs any more, as in the SGLang and vLLM adapters. Each pass first
+# refreshes in the cache's LRU the prefixes Admission names from the head of the queue (`refresh.py`), as a
+# Feather server has SGLang's tree cache do.
 
 
 class FeatherPolicy:
@@ -63,6 +66,8 @@ class FeatherPolicy:
         self.admission.enqueue(rid, self._tokens[rid])
 
     def schedule(self, ctx: PassContext) -> None:
+        head = ctx.waiting_in_queue_order(REFRESH_WINDOW)
+        ctx.refresh_prefixes(self.admission.prefixes_to_refresh(head))
         self.admission.select(ctx.num_running, fits=ctx.try_admit, headroom=ctx.kv_headroom)
 
     def on_admitted(self, rids: Sequence[str]) -> None:

@@ -30,6 +30,16 @@ class PassContext(Protocol):
         """The KV room this pass can still give out (SGLang's `rem_total_tokens`) over the pool's size."""
         ...
 
+    def refresh_prefixes(self, rids: Sequence[str]) -> None:
+        """Refresh the cached prompt prefixes of these waiting requests in the cache's LRU, the last one most
+        recently (SGLang's `match_prefix` / `touch_prefix` on each, in this order)."""
+        ...
+
+    def waiting_in_queue_order(self, limit: int) -> list[str]:
+        """The first `limit` waiting requests in SGLang's queue order (arrival; a retracted request rejoins
+        at the end)."""
+        ...
+
 
 class SimPolicy(Protocol):
     name: str

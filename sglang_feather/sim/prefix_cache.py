@@ -110,6 +110,42 @@ class PrefixCache:
         if last is not None:
             self._push_leaf(last)
 
+    def touch_paths(self, paths: Sequence[Sequence[int]]) -> None:
+        """Refresh the cached part of each path in LRU, later paths more recently, as one SGLang
+        `match_prefix` / `touch_prefix` call each would (every node matched gets the call's time).
+
+        Walked last path first, each from its deepest cached block up to the first block a later path
+        already refreshed, so a shared prefix costs once per call, not once per path.
+        """
+        if not paths:
+            return
+        base = next(self._tick)
+        for _ in range(len(paths) - 1):
+            next(self._tick)
+        for i in range(len(paths) - 1, -1, -1):
+            h = self._deepest_cached(paths[i])
+            if h is None:
+                continue
+            blk = self._blocks[h]
+            if blk.last_access < base:
+                leaf = h
+                while h is not None and blk.last_access < base:
+                    blk.last_access = base + i
+                    h = blk.parent
+                    blk = self._blocks[h] if h is not None else blk
+                self._push_leaf(leaf)
+
+    def _deepest_cached(self, hashes: Sequence[int]) -> int | None:
+        """The deepest cached block of a path (its cached blocks are a prefix of it: binary search)."""
+        lo, hi = 0, len(hashes)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if hashes[mid] in self._blocks:
+                lo = mid + 1
+            else:
+                hi = mid
+        return hashes[lo - 1] if lo else None
+
     def lock(self, hashes: Sequence[int]) -> None:
         for h in hashes:
             blk = self._blocks[h]

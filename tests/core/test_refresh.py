@@ -1,0 +1,101 @@
+"""Which waiting requests' cached prefixes the engine refreshes: held to a brute-force reference, both cores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_feather.admission.refresh import REFRESH_WINDOW, prefixes_to_refresh
+from sglang_feather.cht import PythonTree
+from sglang_feather.cht.native import NativeTree
+
+CHUNK = 4
+CORES = {"python": PythonTree, "native": NativeTree}
+
+
+def _prompt(shape: tuple[int, ...]) -> np.ndarray:
+    """One chunk per entry: chunk i of value v is the same tokens in every prompt with the same first i+1."""
+    return np.repeat(np.asarray(shape, dtype=np.int64), CHUNK)
+
+
+def reference(prompts, running, cached, queue):
+    """The definition, by brute force over chunk tuples."""
+    chosen: dict[tuple, str] = {}
+    for rid in queue[:REFRESH_WINDOW]:
+        if rid in running or rid not in prompts:
+            continue
+        chunks = prompts[rid]
+        depth_running = max(
+            (
+                next(
+                    (i for i in range(min(len(chunks), len(prompts[r]))) if chunks[i] != prompts[r][i]),
+                    min(len(chunks), len(prompts[r])),
+                )
+                for r in running
+            ),
+            default=0,
+        )
+        depth_cached = 0
+        while depth_cached < len(chunks) and chunks[: depth_cached + 1] in cached:
+            depth_cached += 1
+        if depth_cached > depth_running:
+            chosen.setdefault(chunks[:depth_cached], rid)
+    return list(reversed(chosen.values()))
+
+
+shapes = st.lists(st.integers(0, 2), min_size=1, max_size=4).map(tuple)
+
+
+@pytest.mark.parametrize("core", list(CORES))
+@settings(max_examples=80, deadline=None)
+@given(
+    prompts=st.lists(shapes, min_size=1, max_size=10),
+    data=st.data(),
+)
+def test_matches_the_reference(core, prompts, data):
+    tree = CORES[core](CHUNK)
+    ids = {f"r{i}": p for i, p in enumerate(prompts)}
+    for rid, shape in ids.items():
+        tree.insert(rid, _prompt(shape))
+    running = set(data.draw(st.sets(st.sampled_from(sorted(ids)))))
+    for rid in running:
+        tree.activate(rid)
+    cached: set[tuple] = set()
+    for rid, depth in data.draw(
+        st.lists(st.tuples(st.sampled_from(sorted(ids)), st.integers(1, 4)), max_size=4)
+    ):
+        depth = min(depth, len(ids[rid]))
+        tree.cache_store(tree.path_hashes(rid)[:depth])
+        cached.update(ids[rid][:d] for d in range(1, depth + 1))
+    queue = data.draw(st.permutations(sorted(ids))) + ["untracked"]
+    assert prefixes_to_refresh(tree, queue) == reference(ids, running, cached, queue)
+
+
+def test_one_per_cached_prefix_head_last_running_and_uncached_left_out():
+    tree = PythonTree(CHUNK)
+    for rid, shape in {
+        "a1": (1, 5),
+        "a2": (1, 6),
+        "b": (2, 5),
+        "c": (3, 5),
+        "d": (4, 5),
+        "d2": (4, 6),
+    }.items():
+        tree.insert(rid, _prompt(shape))
+    for rid in ("a1", "b", "d"):
+        tree.cache_store(tree.path_hashes(rid)[:1])
+    tree.activate("d")  # its group runs: the prefix is locked, nothing to refresh
+    # a1 and a2 share the cached chunk (one touch), b has its own, c nothing cached, d2's prefix runs
+    assert prefixes_to_refresh(tree, ["a1", "c", "a2", "b", "d2"]) == ["b", "a1"]
+
+
+def test_the_window_bounds_the_walk():
+    tree = PythonTree(CHUNK)
+    for i in range(REFRESH_WINDOW + 1):
+        tree.insert(f"r{i}", _prompt((i,)))
+        tree.cache_store(tree.path_hashes(f"r{i}"))
+    queue = [f"r{i}" for i in range(REFRESH_WINDOW + 1)]
+    refreshed = prefixes_to_refresh(tree, queue)
+    assert refreshed == queue[:REFRESH_WINDOW][::-1]
