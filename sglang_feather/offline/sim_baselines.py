@@ -18,8 +18,8 @@ from sglang_feather.offline.sglang_objects import (
 from sglang_feather.sim.policies import PassContext, PolicySetup
 
 with quiet_sglang():
-    from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.managers import schedule_policy as _schedule_policy
+    from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.managers.schedule_policy import SchedulePolicy
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
@@ -57,7 +57,10 @@ class RecordingPolicy(SchedulePolicy):
     def _touch_waiting_prefixes(self, policy, waiting_queue: list[Req]) -> None:
         calls = self._waiting_prefix_refresh_calls
         super()._touch_waiting_prefixes(policy, waiting_queue)
-        if self._waiting_prefix_refresh_calls != calls and calls % _schedule_policy.WAITING_PREFIX_REFRESH_INTERVAL == 0:
+        if (
+            self._waiting_prefix_refresh_calls != calls
+            and calls % _schedule_policy.WAITING_PREFIX_REFRESH_INTERVAL == 0
+        ):
             self.refreshed.extend(reversed(waiting_queue[: _schedule_policy.WAITING_QUEUE_PREFIX_MATCH_MAX]))
 
 
