@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sglang_feather.cht import ChunkedHashTree, RequestState
-from sglang_feather.types import ChunkHash, RequestId
+from sglang_feather.cht import ChunkedHashTree
+from sglang_feather.types import RequestId
 
 REFRESH_WINDOW = 128
 """Queue entries looked at per pass: SGLang 0.5.23's bound on per-pass prefix work on the waiting queue
@@ -21,20 +21,13 @@ REFRESH_WINDOW = 128
 # will need and keeps tails no one will (where the pool binds: issue 49's two grid cells below 0.98). So each
 # pass the engine refreshes, among the first REFRESH_WINDOW requests of its queue, the cached prefix of the
 # first request of each distinct deepest cached chunk that holds more than running requests lock (a running
-# prefix is locked, an uncached one has nothing to refresh), the queue's head last, so LRU evicts what waits
-# in reverse queue order. A pass costs at most REFRESH_WINDOW lookups in the tree and one touch per prefix.
+# prefix is locked, an uncached one has nothing to refresh), in the reverse of the order the ranking would
+# serve them (the deepest, then the heaviest group, then the queue's head, is touched last), so LRU evicts
+# what waits in the reverse of the order Feather will need it. A pass costs one tree query over at most
+# REFRESH_WINDOW ids (`cached_frontier`, in the compiled core one call) and one touch per prefix.
 
 
 def prefixes_to_refresh(tree: ChunkedHashTree, queue_head: Iterable[RequestId]) -> list[RequestId]:
     """Of the engine's waiting queue (its head, in queue order), one request per cached prefix to refresh, in
     refresh order: the last one the most recently (see "how it works"). Untracked or running ids are ignored."""
-    chosen: dict[ChunkHash, RequestId] = {}
-    for i, request_id in enumerate(queue_head):
-        if i == REFRESH_WINDOW:
-            break
-        if tree.state(request_id) is not RequestState.WAITING:
-            continue
-        candidate = tree.candidate(request_id)
-        if candidate.depth_cached > candidate.depth_running:
-            chosen.setdefault(tree.prefix_hash(request_id, candidate.depth_cached), request_id)
-    return list(reversed(chosen.values()))
+    return tree.cached_frontier(queue_head, REFRESH_WINDOW)[::-1]

@@ -57,7 +57,7 @@ class TreeViews:
 
     def prefixes_to_refresh(self, queue_head: Iterable[RequestId]) -> list[RequestId]:
         """The waiting requests whose cached prefixes the engine should refresh in its LRU this pass, in that
-        order, from the head of its waiting queue (`refresh.py`)."""
+        order, from its waiting queue's ids in queue order (at most `REFRESH_WINDOW` of them read; `refresh.py`)."""
         return prefixes_to_refresh(self.tree, queue_head)
 
     def prefix_order(self, request_ids: Sequence[RequestId]) -> list[RequestId]:

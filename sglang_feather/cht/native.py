@@ -131,6 +131,9 @@ class NativeTree(_core.Core, TakesPicks):
         handle = self._oldest_stranger()
         return None if handle < 0 else self._ids[handle]
 
+    def cached_frontier(self, request_ids: Iterable[RequestId], limit: int) -> list[RequestId]:
+        return self._cached_frontier(request_ids, limit)
+
     def prefix_order(self, request_ids: Iterable[RequestId]) -> list[RequestId]:
         handles = [self._handle(rid) for rid in request_ids]
         ids = self._ids

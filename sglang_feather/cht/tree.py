@@ -206,6 +206,22 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
         req = self._pop_stranger()
         return req.id if req is not None else None
 
+    def cached_frontier(self, request_ids: Iterable[RequestId], limit: int) -> list[RequestId]:
+        """Of the first `limit` ids (in the engine's queue order), the first waiting request of each distinct
+        deepest cached node that no running request holds, in the ranking's order of those nodes (deepest,
+        then the most requests through it, then queue order): one request per cached prefix that a refresh
+        keeps young (`admission/refresh.py`). Untracked or running ids are passed over. O(limit log n)."""
+        found: dict[PrefixNode, tuple[int, int, int, RequestId]] = {}
+        for position, request_id in enumerate(itertools.islice(request_ids, limit)):
+            req = self._requests.get(request_id)
+            if req is None or req.state is not _WAITING:
+                continue
+            depth = cached_depth(req.path)
+            node = req.path[depth - 1] if depth else None
+            if node is not None and node.num_active == 0 and node not in found:
+                found[node] = (-depth, -node.num_waiting, position, request_id)
+        return [key[-1] for key in sorted(found.values())]
+
     def prefix_order(self, request_ids: Iterable[RequestId]) -> list[RequestId]:
         """The given requests (any state) in the trie's depth-first order, children first-seen first.
 

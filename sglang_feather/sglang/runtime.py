@@ -14,7 +14,6 @@ from sglang.srt.runtime_context import get_disagg, get_memory
 
 from sglang_feather.admission import Admission, Pick, Proposal
 from sglang_feather.admission.costs import Headroom
-from sglang_feather.admission.refresh import REFRESH_WINDOW
 from sglang_feather.policy.base import Decision
 from sglang_feather.sglang.cache_events import EventTap, EventTranslator, events_enabled
 from sglang_feather.sglang.metrics import FeatherMetrics
@@ -263,10 +262,8 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
 
     def _refresh_prefixes(self, waiting_queue: list[Any]) -> None:
         """Touch, in the tree cache's LRU, the cached prefixes Admission names from the queue's head."""
-        head = waiting_queue[:REFRESH_WINDOW]
-        by_id = {req.rid: req for req in head}
-        for rid in self.admission.prefixes_to_refresh(by_id):
-            touch_waiting_prefix(by_id[rid], self.tree_cache)
+        for rid in self.admission.prefixes_to_refresh(req.rid for req in waiting_queue):
+            touch_waiting_prefix(self.mirror.request(rid), self.tree_cache)
 
     def _proposal_for(self, req: Any, batch_size: int, headroom: Headroom | None) -> Proposal | None:
         """The stopper's proposal for the request SGLang reached; None ends the pass (Feather has nothing

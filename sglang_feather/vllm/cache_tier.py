@@ -111,6 +111,26 @@ class CacheFeed:
             self.admission.cache_cleared()
         return done
 
+    # ------------------------------------------------------------------ LRU
+
+    def refresh(self, block_hashes: Sequence[bytes]) -> None:
+        """Make the cached blocks of this prompt that no request uses the last vLLM evicts (`refresh.py`):
+        vLLM reuses free blocks from the front of its queue, so they move to its end, the prompt's first block
+        last, as vLLM's own free of a request orders them."""
+        free = []
+        for block_hash in block_hashes:
+            block = self.pool.cached_block_hash_to_block.get_one_block(
+                make_block_hash_with_group_id(block_hash, self.group_id)
+            )
+            if block is None:
+                break
+            if block.ref_cnt == 0:
+                free.append(block)
+        queue = self.pool.free_block_queue
+        for block in reversed(free):
+            queue.remove(block)
+            queue.append(block)
+
     # ------------------------------------------------------------------ this step's allocations
 
     def reserve(self, block_hashes: Sequence[bytes], start: int, end: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -16,6 +17,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
 from sglang_feather.admission import Admission
+from sglang_feather.admission.refresh import REFRESH_WINDOW
 from sglang_feather.types import RequestId
 from sglang_feather.vllm.cache_tier import CacheFeed, unfed_reason
 from sglang_feather.vllm.capacity import CapacityEstimate
@@ -42,7 +44,9 @@ logger = init_logger("vllm.feather")
 # vLLM's hit (`CapacityEstimate.cached_tokens`) for the deferral instead. The stopper's reward window is
 # Admission's own: update_from_output reports each finished step, a decode step with its sampled tokens
 # (`on_decode_step`), a step that computed prompt tokens without them (`on_prefill_step`), and an emptied
-# batch (`on_batch_drained`); Admission opens and closes the windows at its decisions.
+# batch (`on_batch_drained`); Admission opens and closes the windows at its decisions. With the tier fed, each
+# schedule() first moves the cached prefixes Admission names from the queue's head to the end of vLLM's free
+# queue (its LRU), so what the queue waits for is evicted last.
 
 
 class FeatherScheduler(Scheduler):
@@ -112,6 +116,10 @@ class FeatherScheduler(Scheduler):
         if self.pause_state is not PauseState.UNPAUSED:
             return super().schedule(throttle_prefills)  # vLLM admits no waiting request while paused
         feed = self.cache_feed
+        if feed is not None:  # the waiting queue's cached prefixes stay fresh in vLLM's LRU (`refresh.py`)
+            head = [request.request_id for request in itertools.islice(self.waiting, REFRESH_WINDOW)]
+            for request_id in self.admission.prefixes_to_refresh(head):
+                feed.refresh(self.requests[request_id].block_hashes)
         estimate = CapacityEstimate(self, reserve=feed.reserve if feed is not None else None)
         plan = self.admission.select(
             len(self.running),

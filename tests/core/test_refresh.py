@@ -1,4 +1,4 @@
-"""Which waiting requests' cached prefixes the engine refreshes: held to a brute-force reference, both cores."""
+"""Which waiting requests' cached prefixes the engine refreshes, in what order: a brute-force reference, both cores."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ def _prompt(shape: tuple[int, ...]) -> np.ndarray:
 
 def reference(prompts, running, cached, queue):
     """The definition, by brute force over chunk tuples."""
-    chosen: dict[tuple, str] = {}
-    for rid in queue[:REFRESH_WINDOW]:
+    chosen: dict[tuple, tuple] = {}
+    for position, rid in enumerate(queue[:REFRESH_WINDOW]):
         if rid in running or rid not in prompts:
             continue
         chunks = prompts[rid]
@@ -41,8 +41,11 @@ def reference(prompts, running, cached, queue):
         while depth_cached < len(chunks) and chunks[: depth_cached + 1] in cached:
             depth_cached += 1
         if depth_cached > depth_running:
-            chosen.setdefault(chunks[:depth_cached], rid)
-    return list(reversed(chosen.values()))
+            prefix = chunks[:depth_cached]
+            num_through = sum(p[:depth_cached] == prefix for r, p in prompts.items() if r not in running)
+            chosen.setdefault(prefix, (-depth_cached, -num_through, position, rid))
+    # the ranking's order (deepest, the most requests through it, queue order), refreshed in reverse
+    return [key[-1] for key in sorted(chosen.values(), reverse=True)]
 
 
 shapes = st.lists(st.integers(0, 2), min_size=1, max_size=4).map(tuple)
@@ -87,8 +90,11 @@ def test_one_per_cached_prefix_head_last_running_and_uncached_left_out():
     for rid in ("a1", "b", "d"):
         tree.cache_store(tree.path_hashes(rid)[:1])
     tree.activate("d")  # its group runs: the prefix is locked, nothing to refresh
-    # a1 and a2 share the cached chunk (one touch), b has its own, c nothing cached, d2's prefix runs
-    assert prefixes_to_refresh(tree, ["a1", "c", "a2", "b", "d2"]) == ["b", "a1"]
+    # a1 and a2 share the cached chunk (one touch), b has its own, c nothing cached, d2's prefix runs; the
+    # heavier a1 goes first in the ranking, so it is refreshed last
+    assert prefixes_to_refresh(tree, ["b", "c", "a2", "a1", "d2"]) == ["b", "a2"]
+    tree.cache_store(tree.path_hashes("c"))  # c cached whole: deepest, so the ranking's first
+    assert prefixes_to_refresh(tree, ["b", "c", "a2", "a1", "d2"]) == ["b", "a2", "c"]
 
 
 def test_the_window_bounds_the_walk():

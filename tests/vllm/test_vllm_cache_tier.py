@@ -229,3 +229,25 @@ def test_a_cold_groups_followers_join_in_the_step_that_registers_its_prefix(budg
             joined[r.req_id] = (len(driver.history) - 1, r.num_computed_tokens)
     assert joined == {"g0": (0, 0), **{f"g{i}": (join_step, 12 * BLOCK) for i in (1, 2, 3)}}
     assert driver.scheduler.admission.stats.num_deferred == 3 * join_step
+
+
+def test_a_waiting_requests_cached_prefix_is_evicted_last():
+    """a0's prefix is cached before b0's (older in vLLM's LRU); while a1 waits for it (the one slot is taken),
+    Feather's schedule() moves it behind b0's, and vLLM's own scheduler leaves it in front."""
+    shape = EngineShape(max_num_seqs=1, feather=ALWAYS)
+    positions = {}
+    for name, driver in (("fcfs", Driver(make_scheduler(Scheduler, shape))), ("feather", feather(shape))):
+        a0 = driver.add("a0", prompt(0, 4, 0, 5))
+        driver.run()
+        b0 = driver.add("b0", prompt(1, 4, 0, 5))
+        driver.run()
+        driver.add("long", prompt(2, 1, 0, 5), max_tokens=20)
+        driver.step()
+        driver.add("a1", prompt(0, 4, 1, 5))
+        assert admitted_ids(driver.step()) == [], "the one slot is taken: a1 waits"
+        scheduler = driver.scheduler
+        positions[name] = [lru_position(scheduler, r.block_hashes[i]) for r in (a0, b0) for i in (0, 3)]
+    a_first, a_last, b_first, b_last = positions["fcfs"]
+    assert a_last < a_first < b_last < b_first, "vLLM: a0's blocks first, each prompt's last block first"
+    a_first, a_last, b_first, b_last = positions["feather"]
+    assert b_last < b_first < a_last < a_first, "Feather: b0's blocks go first, a0's prefix is evicted last"

@@ -508,6 +508,50 @@ class Core {
         return added(rid, status);
     }
 
+    // tree.py's `cached_frontier`: of the first `limit` ids of an iterable (the engine's queue order), the first
+    // waiting request of each distinct deepest cached node that no running request holds, in the ranking's
+    // order of those nodes (deepest, then the most requests through it, then queue order).
+    nb::list cached_frontier(nb::handle ids, size_t limit) const {
+        struct Found {
+            int64_t depth, num_waiting;
+            size_t position;
+            uint32_t node;
+            nb::object rid;
+        };
+        std::vector<Found> found;
+        nb::object it = nb::steal(PyObject_GetIter(ids.ptr()));
+        if (!it.is_valid()) throw nb::python_error();
+        for (size_t i = 0; i < limit; ++i) {
+            nb::object rid = nb::steal(PyIter_Next(it.ptr()));
+            if (!rid.is_valid()) {
+                if (PyErr_Occurred()) throw nb::python_error();
+                break;
+            }
+            PyObject* value = PyDict_GetItemWithError(handles_.ptr(), rid.ptr());
+            if (value == nullptr) {
+                if (PyErr_Occurred()) throw nb::python_error();
+                continue;
+            }
+            const Req& r = reqs_[static_cast<uint32_t>(PyLong_AsUnsignedLong(value))];
+            if (r.state != WAITING) continue;
+            int64_t depth = last_cached(r.path, r.path.size());
+            if (depth == 0) continue;
+            uint32_t node = r.path[static_cast<size_t>(depth - 1)];
+            const Node& n = nodes_[node];
+            if (n.num_active > 0) continue;
+            if (std::any_of(found.begin(), found.end(), [node](const Found& f) { return f.node == node; })) continue;
+            found.push_back(Found{depth, static_cast<int64_t>(n.num_waiting), i, node, rid});
+        }
+        std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
+            if (a.depth != b.depth) return a.depth > b.depth;
+            if (a.num_waiting != b.num_waiting) return a.num_waiting > b.num_waiting;
+            return a.position < b.position;
+        });
+        nb::list out;
+        for (const Found& f : found) out.append(f.rid);
+        return out;
+    }
+
     nb::object candidate(uint32_t h, int64_t covered = -1) const {
         int64_t values[NUM_COUNTS];
         describe_into(h, values, covered);
@@ -2350,6 +2394,7 @@ NB_MODULE(_core, m) {
         .def("_oldest", &Core::oldest)
         .def("_oldest_stranger", &Core::oldest_stranger)
         .def("_prefix_order", &Core::prefix_order)
+        .def("_cached_frontier", &Core::cached_frontier)
         .def("_bind_insert", &Core::bind_insert)
         .def("insert", &Core::insert_id, "request_id"_a.none(), "token_ids"_a.none(), nb::kw_only(),
              "namespace"_a = nb::none(), "arrival"_a = nb::none())
