@@ -137,6 +137,8 @@ class Stream:
         if choice == 20:
             return "shares_prefix", (rid, self.rid(), self.depth()), {}
         if choice == 21:
+            if rng.random() < 0.5:
+                return "cached_frontier", (rng.sample(IDS, rng.randrange(8)), rng.randrange(8)), {}
             return "prefix_order", (rng.sample(IDS, rng.randrange(4)),), {}
         if choice < 25:
             hashes, parent = self.chain()
