@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -127,8 +126,8 @@ class PassBudget:
         waiting = self.engine.waiting
         self.engine.pool.cache.touch_paths([waiting[rid].hashes for rid in rids])
 
-    def waiting_in_queue_order(self, limit: int) -> list[str]:
-        return list(itertools.islice(self.engine.waiting, limit))
+    def waiting_ids(self) -> Iterator[str]:
+        return iter(self.engine.waiting)
 
     def slots_left(self, engine: Engine) -> int:
         taken = len(engine.running) + len(self.admitted) + (engine.chunked is not None)

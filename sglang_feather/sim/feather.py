@@ -9,7 +9,6 @@ from dataclasses import replace
 import numpy as np
 
 from sglang_feather.admission import Admission
-from sglang_feather.admission.refresh import REFRESH_WINDOW
 from sglang_feather.sim.policies import PassContext, PolicySetup
 from sglang_feather.types import ChunkHash
 
@@ -66,8 +65,7 @@ class FeatherPolicy:
         self.admission.enqueue(rid, self._tokens[rid])
 
     def schedule(self, ctx: PassContext) -> None:
-        head = ctx.waiting_in_queue_order(REFRESH_WINDOW)
-        ctx.refresh_prefixes(self.admission.prefixes_to_refresh(head))
+        ctx.refresh_prefixes(self.admission.prefixes_to_refresh(ctx.waiting_ids()))
         self.admission.select(ctx.num_running, fits=ctx.try_admit, headroom=ctx.kv_headroom)
 
     def on_admitted(self, rids: Sequence[str]) -> None:

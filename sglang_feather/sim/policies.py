@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -35,9 +35,9 @@ class PassContext(Protocol):
         recently (SGLang's `match_prefix` / `touch_prefix` on each, in this order)."""
         ...
 
-    def waiting_in_queue_order(self, limit: int) -> list[str]:
-        """The first `limit` waiting requests in SGLang's queue order (arrival; a retracted request rejoins
-        at the end)."""
+    def waiting_ids(self) -> Iterator[str]:
+        """The waiting requests in SGLang's queue order (arrival; a retracted request rejoins at the end),
+        lazily: read before the pass admits anything."""
         ...
 
 

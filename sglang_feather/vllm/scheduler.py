@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,7 +16,6 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
 from sglang_feather.admission import Admission
-from sglang_feather.admission.refresh import REFRESH_WINDOW
 from sglang_feather.types import RequestId
 from sglang_feather.vllm.cache_tier import CacheFeed, unfed_reason
 from sglang_feather.vllm.capacity import CapacityEstimate
@@ -117,8 +115,8 @@ class FeatherScheduler(Scheduler):
             return super().schedule(throttle_prefills)  # vLLM admits no waiting request while paused
         feed = self.cache_feed
         if feed is not None:  # the waiting queue's cached prefixes stay fresh in vLLM's LRU (`refresh.py`)
-            head = [request.request_id for request in itertools.islice(self.waiting, REFRESH_WINDOW)]
-            for request_id in self.admission.prefixes_to_refresh(head):
+            queue_ids = (request.request_id for request in self.waiting)
+            for request_id in self.admission.prefixes_to_refresh(queue_ids):
                 feed.refresh(self.requests[request_id].block_hashes)
         estimate = CapacityEstimate(self, reserve=feed.reserve if feed is not None else None)
         plan = self.admission.select(
