@@ -46,19 +46,25 @@ class DecodePlan:
     @classmethod
     def build(cls, segments: BatchSegments, rows: torch.Tensor, kv_bytes_per_token: int = 0) -> DecodePlan:
         """Bucket spans by (power-of-two length, power-of-two query count), so padding wastes < 2x each way;
-        a bucket whose K would exceed `GATHER_BYTES` is cut into several. Partials are owned in bucket order."""
-        by_shape: dict[tuple[int, int], list[Span]] = {}
-        for span in segments.spans:
-            key = (_ceil_pow2(span.num_tokens), _ceil_pow2(len(span.members)))
-            by_shape.setdefault(key, []).append(span)
+        a bucket whose K would exceed `GATHER_BYTES` is cut into several. Partials are owned in bucket order.
+        The spans' numbers go into arrays in one pass and are bucketed there (this runs every forward)."""
+        spans = segments.spans
+        num = np.array([(s.row, s.start, s.end, len(s.members)) for s in spans], dtype=np.int64).reshape(
+            -1, 4
+        )
+        lengths = num[:, 2] - num[:, 1]
+        key = _ceil_log2(lengths) * 64 + _ceil_log2(num[:, 3])
+        order = np.argsort(key, kind="stable")
+        cuts = np.flatnonzero(np.diff(key[order])) + 1
         table = host_rows(rows)
         buckets: list[Bucket] = []
-        for spans in by_shape.values():
-            span_bytes = kv_bytes_per_token * max(span.num_tokens for span in spans)
-            per_gather = max(1, GATHER_BYTES // span_bytes) if span_bytes else len(spans)
-            full = _bucket(spans, table, rows.device)
-            for first in range(0, len(spans), per_gather):
-                buckets.append(_cut(full, spans, first, first + per_gather))
+        for picked in np.split(order, cuts):
+            max_tokens = int(lengths[picked].max())
+            span_bytes = kv_bytes_per_token * max_tokens
+            per_gather = max(1, GATHER_BYTES // span_bytes) if span_bytes else len(picked)
+            full, num_queries = _bucket([spans[i] for i in picked], num[picked], table, rows.device)
+            for first in range(0, len(picked), per_gather):
+                buckets.append(_cut(full, num_queries, first, first + per_gather))
         owners = torch.cat([bucket.owners for bucket in buckets])
         return cls(segments.num_requests, tuple(buckets), owners)
 
@@ -183,7 +189,7 @@ def grouped_decode(
         num_spans, num_queries = bucket.q_index.shape
         # [S, Hkv, N * group, D]: one KV head's query heads side by side, each span's queries together.
         queries = (
-            q[bucket.q_index]
+            q.index_select(0, bucket.q_index.view(-1))
             .view(num_spans, num_queries, num_kv_heads, group, head_dim)
             .transpose(1, 2)
             .reshape(num_spans, num_kv_heads, num_queries * group, head_dim)
@@ -244,7 +250,7 @@ def merge_partials(
     index = owner[:, None].expand(-1, num_heads)
     top = torch.full((num_requests, num_heads), float("-inf"), dtype=lses.dtype, device=lses.device)
     top.scatter_reduce_(0, index, lses, reduce="amax")
-    weight = torch.exp(lses - top[owner])  # [P, H]
+    weight = torch.exp(lses - top.index_select(0, owner))  # [P, H]
     total = torch.zeros_like(top).index_add_(0, owner, weight)
     merged = torch.zeros((num_requests, num_heads, outs.shape[2]), dtype=outs.dtype, device=outs.device)
     merged.index_add_(0, owner, outs * weight[..., None])
@@ -255,39 +261,47 @@ def _gather(buffer: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> tor
     return torch.index_select(buffer, 0, index, out=out)
 
 
-def _bucket(spans: list[Span], table: np.ndarray, device: torch.device) -> Bucket:
-    """All of a shape's spans in one padded bucket (`_cut` takes its gathers out of it); indices are built on
-    the host and moved once."""
-    max_tokens = max(span.num_tokens for span in spans)
-    max_queries = max(len(span.members) for span in spans)
-    starts, lengths, leaders = np.array([(s.start, s.num_tokens, s.row) for s in spans], dtype=np.int64).T
+def _bucket(
+    spans: list[Span], num: np.ndarray, table: np.ndarray, device: torch.device
+) -> tuple[Bucket, np.ndarray]:
+    """All of a shape's spans (`num`: their rows of (row, start, end, members)) in one padded bucket (`_cut`
+    takes its gathers out of it) and each span's query count; indices are built on the host, moved once."""
+    leaders, starts, ends, num_members = num.T
+    lengths = ends - starts
+    max_tokens, max_queries = int(lengths.max()), int(num_members.max())
     positions = starts[:, None] + np.arange(max_tokens)[None, :]
     kv_bias = None
-    if any(span.num_tokens < max_tokens for span in spans):
-        pad = positions >= (starts + lengths)[:, None]
+    if int(lengths.min()) < max_tokens:
+        pad = positions >= ends[:, None]
         positions[pad] = 0
         bias = np.where(pad, np.float32(-np.inf), np.float32(0))[:, None, None, :]
         kv_bias = torch.from_numpy(bias).to(device)
     kv_index = torch.from_numpy(table[leaders[:, None], positions].astype(np.int64)).to(device)
-    members = [span.members + (span.members[0],) * (max_queries - len(span.members)) for span in spans]
-    q_index = torch.tensor(members, dtype=torch.int64, device=device)
-    lengths_on_device = torch.from_numpy(lengths.copy()).to(device)
-    return Bucket(kv_index, lengths_on_device, kv_bias, q_index, None)
+    if max_queries == 1:  # private spans: the leader is the only query
+        members = leaders[:, None].copy()
+    else:
+        members = np.repeat(leaders[:, None], max_queries, axis=1)  # pads repeat the first query
+        for s, span in enumerate(spans):
+            members[s, : len(span.members)] = span.members
+    q_index = torch.from_numpy(members).to(device)
+    bucket = Bucket(kv_index, torch.from_numpy(lengths.copy()).to(device), kv_bias, q_index, None)
+    return bucket, num_members
 
 
-def _cut(bucket: Bucket, spans: list[Span], first: int, end: int) -> Bucket:
+def _cut(bucket: Bucket, num_queries: np.ndarray, first: int, end: int) -> Bucket:
     """Spans [first, end) of a bucket (views), with the rows of their real queries where some are pads."""
     max_queries = bucket.q_index.shape[1]
-    chunk = spans[first:end]
     valid_rows = None
-    if any(len(span.members) < max_queries for span in chunk):
-        rows = [s * max_queries + n for s, span in enumerate(chunk) for n in range(len(span.members))]
-        valid_rows = torch.tensor(rows, dtype=torch.int64, device=bucket.q_index.device)
+    counts = num_queries[first:end]
+    if int(counts.min()) < max_queries:
+        real = np.arange(max_queries)[None, :] < counts[:, None]
+        valid_rows = torch.from_numpy(np.flatnonzero(real)).to(bucket.q_index.device)
     bias = None if bucket.kv_bias is None else bucket.kv_bias[first:end]
     return Bucket(
         bucket.kv_index[first:end], bucket.lengths[first:end], bias, bucket.q_index[first:end], valid_rows
     )
 
 
-def _ceil_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
+def _ceil_log2(values: np.ndarray) -> np.ndarray:
+    """ceil(log2(v)) of positive integers, exactly (frexp's exponent of v - 1 is its bit length)."""
+    return np.frexp((values - 1).astype(np.float64))[1].astype(np.int64)

@@ -58,7 +58,7 @@ class SegmentObserver:
     ) -> tuple[BatchSegments, torch.Tensor]:
         """The batch's segments and its KV index rows; the detection time is booked with the counts."""
         start = time.perf_counter()
-        rows = req_to_token[req_pool_indices, : max(seq_lens)]
+        rows = req_to_token.index_select(0, req_pool_indices)[:, : max(seq_lens)]
         segments = find_segments(rows, seq_lens, self.page_size)
         elapsed = time.perf_counter() - start
         self.book(segments, elapsed)

@@ -108,7 +108,11 @@ def find_segments(rows: torch.Tensor, seq_lens: list[int], page_size: int = 1) -
         going_on = [m for m in members if seq_lens[m] > split_at]
         if going_on:
             slots = table[going_on, split_at].tolist()
-            stack.extend((group, end) for group in _split_by(slots, going_on))
+            for group in _split_by(slots, going_on):
+                if len(group) == 1:  # parted from every other member: the rest is its tail
+                    spans.append(Span(group[0], end, seq_lens[group[0]], group))
+                else:
+                    stack.append((group, end))
     return BatchSegments(tuple(spans), tuple(seq_lens))
 
 
