@@ -59,21 +59,25 @@ test: setup
 		'$(MAKE) --no-print-directory test-vllm' \
 		'$(MAKE) --no-print-directory test-python-core'
 
-# The admission, SGLang-object and simulator suites once more on the pure-Python CHT core (what a failed
-# build of the compiled one installs), on 2 workers; tests/cht runs both cores already, and the patch tests
-# (patched SGLang in subprocesses) call the same adapter code tests/sglang covers, and the soak and the page
-# translators' state machine (tests/core/test_page_runs.py) run both cores or twins themselves; the grouped
+# The admission and SGLang-object suites once more on the pure-Python CHT core (what a failed build of the
+# compiled one installs), on 2 workers. tests/cht runs both cores already (each against the reference model);
+# the simulator (tests/sim) drives the same Admission calls as tests/core; the patch tests (patched SGLang in
+# subprocesses) call the same adapter code tests/sglang covers; the soak and the page translators' state
+# machine (tests/core/test_page_runs.py) run both cores or twins themselves; the cache-event feed's
+# equivalence with SGLang's match (tests/sglang/test_cache_events.py, 155 s on this core in CI) compares
+# SGLang's caches with the cache tier, which tests/cht holds to one reference on both cores; the grouped
 # attention backend (tests/sglang/test_grouped_*.py) uses no CHT. tests/sglang last: its modules import its
 # conftest by name, which must be the last initial conftest pytest loads.
 test-python-core: setup-sglang
-	SGLANG_FEATHER_CHT=python $(PY) -m pytest tests/sim tests/core tests/sglang -m "not server" -n 2 \
+	SGLANG_FEATHER_CHT=python $(PY) -m pytest tests/core tests/sglang -m "not server" -n 2 \
 		--ignore=tests/sglang/test_patches.py --ignore=tests/sglang/test_soak.py \
-		--ignore=tests/core/test_page_runs.py --ignore-glob='tests/sglang/test_grouped_*.py' $(PYTEST_ARGS)
+		--ignore=tests/core/test_page_runs.py --ignore=tests/sglang/test_cache_events.py \
+		--ignore-glob='tests/sglang/test_grouped_*.py' $(PYTEST_ARGS)
 
 # The developer's loop: everything but the tests that start servers and the few marked `slow` (SGLang
 # patched in subprocesses, 100K-request runs, the Triton interpreter; `make test` runs them); the three venvs
 # side by side, the SGLang one on 2 workers; FEATHER_TEST_FAST=1 runs the CHT state machine with 100
-# sequences per core (`make test`: 300).
+# sequences per core (`make test`: 200).
 test-fast: setup
 	FEATHER_TEST_FAST=1 bash scripts/parallel.sh \
 		'$(PY) -m pytest tests --ignore=tests/vllm -m "not server and not slow" -n 2 $(PYTEST_ARGS)' \

@@ -10,6 +10,7 @@ from typing import Any
 from sglang_feather.admission import AdmissionConfig
 from sglang_feather.options import ConfigError, add_flags, build, declared, flag, given_flags
 from sglang_feather.sim import profile
+from sglang_feather.sim.attention import ATTENTION_KERNELS
 from sglang_feather.sim.engine import BATCH_ORDERS, EngineConfig
 from sglang_feather.sim.policies import POLICIES
 from sglang_feather.sim.token_ratio import NewTokenRatio, parse_ratio
@@ -175,6 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
         "prefix contiguous, re-sorted after each merge)",
     )
     n.add_argument(
+        "--attention",
+        choices=sorted(ATTENTION_KERNELS),
+        default=e.attention,
+        help="decode attention kernel: plain (request by request: SGLang 0.5.23, vLLM 0.18+), cascade (vLLM "
+        "0.7-0.17: a prefix every running request shares read once, >= 256 tokens and >= 8 requests) or "
+        "grouped (each distinct shared prefix read once: --attention-backend feather_grouped)",
+    )
+    n.add_argument(
         "--max-concurrency",
         type=int,
         help="client limit on requests in flight, as bench_serving --max-concurrency (default: none)",
@@ -233,6 +242,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         batch_order=args.batch_order,
         max_concurrency=args.max_concurrency,
         warm_cache=args.warm_cache,
+        attention=args.attention,
     )
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sglang_feather.cht.hashing import chunk_hashes
+from sglang_feather.sim.attention import ATTENTION_KERNELS, distinct_shared_tokens
 from sglang_feather.sim.budget import KVPool, PassBudget
 from sglang_feather.sim.cost import CostModel, KVSplit
 from sglang_feather.sim.cpu import CpuTimer
@@ -78,10 +79,14 @@ class EngineConfig:
     """Client limit on requests in flight (bench_serving's --max-concurrency); None = no limit."""
     warm_cache: bool = False
     """Start with every shared prompt prefix already cached (the paper's prefix-cache warm-up)."""
+    attention: str = "plain"
+    """The decode attention kernel: a name in `ATTENTION_KERNELS` (how often a shared prefix is read)."""
 
     def __post_init__(self) -> None:
         if self.batch_order not in BATCH_ORDERS:
             raise ValueError(f"batch_order must be one of {sorted(BATCH_ORDERS)}, got {self.batch_order!r}")
+        if self.attention not in ATTENTION_KERNELS:
+            raise ValueError(f"attention must be one of {sorted(ATTENTION_KERNELS)}, got {self.attention!r}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1 or None, got {self.max_concurrency!r}")
 
@@ -116,6 +121,7 @@ class Engine:
         self.by_rid = {s.rid: s for s in states}
         self.log = RunLog(overlap_schedule=self.config.overlap_schedule)
         self._order = BATCH_ORDERS[self.config.batch_order]
+        self._attention = ATTENTION_KERNELS[self.config.attention]
         self.waiting: dict[str, ReqState] = {}
         self.running: list[ReqState] = []
         self.chunked: ReqState | None = None
@@ -287,8 +293,8 @@ class Engine:
         self.pool.alloc_decode(self.running)
         if self._split is None:
             nodes = [s.cost_nodes() for s in self.running]
-            self._split = self.cost.shared_split(nodes)
-            self._distinct_shared = sum(dict(node for batch in nodes for node in batch).values())
+            self._split = self._attention.shared_split(self.cost, nodes)
+            self._distinct_shared = distinct_shared_tokens(nodes)
         private = sum(s.private_kv_tokens() for s in self.running)
         kv = KVSplit(self._split.dram_tokens + private, self._split.l2_tokens)
         once = KVSplit(self._distinct_shared + private, 0)

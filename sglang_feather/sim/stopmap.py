@@ -6,10 +6,11 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from sglang_feather.admission import AdmissionConfig
+from sglang_feather.sim.attention import ATTENTION_KERNELS
 from sglang_feather.sim.cost import PhysicsCostModel
 from sglang_feather.sim.cpu import FixedCpu
 from sglang_feather.sim.engine import EngineConfig
@@ -122,7 +123,9 @@ def _variants(cap: int) -> list[tuple[str, str, dict[str, Any]]]:
     return runs
 
 
-def run_cell(cell: Cell) -> dict[str, Any]:
+def run_cell(cell: Cell, attention: str = "plain") -> dict[str, Any]:
+    """Every stopper (and the cell's baselines) on the cell's trace, decode attention by `attention`."""
+    engine = replace(cell.engine, attention=attention)
     requests = make_workload(cell.workload, cell.knobs)
     cost = PhysicsCostModel(load_profile(cell.gpu, "llama-3-8b"))
     cap = physical_cap(cost, cell.prefix_len)
@@ -135,9 +138,16 @@ def run_cell(cell: Cell) -> dict[str, Any]:
         ]
     for label, policy, options in plans:
         spec = RunSpec(policy, AdmissionConfig(**options))
-        log = simulate(requests, cost, spec, cell.engine, FixedCpu(0.0))
+        log = simulate(requests, cost, spec, engine, FixedCpu(0.0))
         runs.append({"label": label, "summary": asdict(summarize(label, log)), "admission": log.admission})
-    return {"cell": cell.label, "gpu": cell.gpu, "num_requests": len(requests), "cap": cap, "runs": runs}
+    return {
+        "cell": cell.label,
+        "gpu": cell.gpu,
+        "attention": attention,
+        "num_requests": len(requests),
+        "cap": cap,
+        "runs": runs,
+    }
 
 
 def _tok_s(result: dict[str, Any], label_start: str) -> float:
@@ -200,6 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sglang_feather.sim.stopmap", description=__doc__)
     parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="requests per gsp/rag cell")
     parser.add_argument("--only", default=None, help="run only the cells whose label contains this text")
+    parser.add_argument(
+        "--attention",
+        choices=sorted(ATTENTION_KERNELS),
+        default="plain",
+        help="decode attention kernel of every run (the simulator's --attention)",
+    )
     parser.add_argument("--json", default=None, help="write every run's summary and counters here")
     parser.add_argument("--load", nargs="+", default=None, help="reprint the table of saved runs")
     args = parser.parse_args(argv)
@@ -211,13 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     for c in cells(args.requests):
         if args.only is not None and args.only not in c.label:
             continue
-        results.append(run_cell(c))
+        results.append(run_cell(c, args.attention))
         print(table(results[-1:]).split("\n")[-1], flush=True)
         if args.json:
             with open(args.json, "w", encoding="utf-8") as f:
-                json.dump(
-                    {"requests": args.requests, "thresholds": THRESHOLDS, "cells": results}, f, indent=1
-                )
+                meta = {"requests": args.requests, "attention": args.attention, "thresholds": THRESHOLDS}
+                json.dump({**meta, "cells": results}, f, indent=1)
     print(table(results))
     return 0
 

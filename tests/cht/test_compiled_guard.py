@@ -94,7 +94,7 @@ class GuardTwins(RuleBasedStateMachine):
 
 
 TestGuardTwins = GuardTwins.TestCase
-TestGuardTwins.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+TestGuardTwins.settings = settings(max_examples=120, stateful_step_count=60, deadline=None)
 
 
 def test_the_compiled_guard_refuses_what_the_python_one_refuses():

@@ -1,0 +1,145 @@
+"""The simulator's decode attention kernels: plain, vLLM's all-or-nothing cascade and per-group reads."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from sim_helpers import run, small_gsp
+
+from sglang_feather.sim.attention import (
+    ATTENTION_KERNELS,
+    AllOrNothingCascade,
+    GroupedAttention,
+    PlainAttention,
+    common_prefix_nodes,
+    distinct_shared_tokens,
+)
+from sglang_feather.sim.cost import KVSplit
+from sglang_feather.sim.metrics import StepKind
+from sglang_feather.sim.run import DEFAULT_ENGINE
+
+SYSTEM = ("system", 512)
+
+
+def batch_of(num_requests: int, *paths: tuple) -> list[tuple]:
+    """`num_requests` requests cycling over `paths` (each a tuple of (key, tokens) nodes)."""
+    return [paths[i % len(paths)] for i in range(num_requests)]
+
+
+def test_plain_is_the_cost_models_reuse_window(cost):
+    batch = batch_of(16, (SYSTEM, ("doc-a", 2048)), (SYSTEM, ("doc-b", 2048)))
+    assert PlainAttention().shared_split(cost, batch) == cost.shared_split(batch)
+
+
+def test_grouped_reads_each_distinct_node_once_from_dram(cost):
+    batch = batch_of(16, (SYSTEM, ("doc-a", 2048)), (SYSTEM, ("doc-b", 1024)))
+    assert GroupedAttention().shared_split(cost, batch) == KVSplit(512 + 2048 + 1024, 0)
+
+
+def test_cascade_reads_the_common_prefix_once_only_when_every_request_shares_enough():
+    kernel = AllOrNothingCascade()
+    plain = PlainAttention()
+
+    class NoL2:
+        """Every shared read from DRAM: what the cascade changes is then exactly visible."""
+
+        def shared_split(self, batch):
+            return KVSplit(sum(n for nodes in batch for _, n in nodes), 0)
+
+    cost = NoL2()
+    homogeneous = batch_of(8, (SYSTEM, ("doc-a", 2048)))
+    assert kernel.shared_split(cost, homogeneous) == KVSplit(512 + 2048, 0)
+    # One outlier turns it off for the whole batch: every request reads its prefix again.
+    outlier = [*homogeneous[:7], (("other", 2560),)]
+    assert (
+        kernel.shared_split(cost, outlier) == plain.shared_split(cost, outlier) == KVSplit(7 * 2560 + 2560, 0)
+    )
+    # Under vLLM's thresholds: 7 requests, or a common prefix of 255 tokens.
+    assert kernel.shared_split(cost, homogeneous[:7]) == KVSplit(7 * 2560, 0)
+    short = batch_of(8, (("short", 255), ("doc-a", 2048)), (("short", 255), ("doc-b", 2048)))
+    assert kernel.shared_split(cost, short) == KVSplit(8 * (255 + 2048), 0)
+    # Two documents under one system prompt: the system prompt once, each document per request.
+    nested = batch_of(8, (SYSTEM, ("doc-a", 2048)), (SYSTEM, ("doc-b", 2048)))
+    assert kernel.shared_split(cost, nested) == KVSplit(512 + 8 * 2048, 0)
+
+
+NODE_TOKENS = {"a": 300, "b": 17, "c": 600}
+node_paths = st.lists(
+    st.lists(st.sampled_from(sorted(NODE_TOKENS)), max_size=4).map(
+        lambda keys: tuple((f"{i}:{key}", NODE_TOKENS[key] * (i + 1)) for i, key in enumerate(keys))
+    ),
+    max_size=12,
+)
+"""Batches of node paths: a node's key is its depth and letter, its size a function of both (as a trie's)."""
+
+
+@given(node_paths)
+def test_common_prefix_and_distinct_tokens_match_their_definitions(batch):
+    num = common_prefix_nodes(batch)
+    expected = 0
+    if batch:
+        while (
+            expected < min(len(nodes) for nodes in batch)
+            and len({nodes[expected][0] for nodes in batch}) == 1
+        ):
+            expected += 1
+    assert num == expected
+    seen = {}
+    for nodes in batch:
+        for key, n in nodes:
+            seen.setdefault(key, n)
+    assert distinct_shared_tokens(batch) == sum(seen.values())
+
+
+@given(node_paths)
+def test_no_kernel_reads_more_than_plain_or_less_than_each_node_once(batch):
+    class NoL2:
+        def shared_split(self, batch):
+            return KVSplit(sum(n for nodes in batch for _, n in nodes), 0)
+
+    cost = NoL2()
+    total = {
+        name: sum(k.shared_split(cost, batch).__dict__.values()) for name, k in ATTENTION_KERNELS.items()
+    }
+    assert total["grouped"] <= total["cascade"] <= total["plain"]
+    assert total["grouped"] == distinct_shared_tokens(batch)
+
+
+def test_a_group_a_step_costs_more_under_grouped_the_more_groups_it_holds(cost):
+    config = replace(DEFAULT_ENGINE, attention="grouped")
+
+    def mean_decode_s(num_groups: int) -> float:
+        log = run(
+            small_gsp(num_groups=num_groups, prompts_per_group=24 // num_groups, prefix_len=2048),
+            cost,
+            "fcfs",
+            config,
+        )
+        steps = [s for s in log.steps if s.kind is StepKind.DECODE and s.batch_size == 24]
+        assert steps, "no full decode step"
+        return sum(s.gpu_s for s in steps) / len(steps)
+
+    times = [mean_decode_s(g) for g in (1, 2, 4, 8)]
+    assert times == sorted(times) and times[0] < times[-1], times
+
+
+def test_the_kernel_changes_only_decode_cost(cost):
+    requests = small_gsp(num_groups=4, prompts_per_group=6, prefix_len=1024)
+    logs = {
+        name: run(requests, cost, "fcfs", replace(DEFAULT_ENGINE, attention=name))
+        for name in ATTENTION_KERNELS
+    }
+    prefill = {name: [s.gpu_s for s in log.steps if s.kind is StepKind.PREFILL] for name, log in logs.items()}
+    assert prefill["plain"] == prefill["cascade"] == prefill["grouped"]
+    decode = {
+        name: sum(s.gpu_s for s in log.steps if s.kind is StepKind.DECODE) for name, log in logs.items()
+    }
+    assert decode["grouped"] < decode["plain"], decode
+
+
+def test_an_unknown_kernel_is_refused():
+    with pytest.raises(ValueError, match="attention must be one of"):
+        replace(DEFAULT_ENGINE, attention="flash")
