@@ -59,18 +59,6 @@ METRICS = (
 )
 """What the demo's summary reports per policy, in column order (ms for TTFT/TPOT, as in the serving table)."""
 
-KV_PRESSURE_METRICS = (
-    Metric("hit %", hit_percent, ".1f"),
-    Metric("prefilled tok", prefilled_tokens, ".0f"),
-    Metric("retracted", retracted_reqs, ".0f"),
-    Metric("req/s", lambda r: r.bench.request_throughput, ".2f"),
-    Metric(THROUGHPUT, lambda r: r.bench.output_throughput, ".1f"),
-    Metric("E2E p50 s", lambda r: seconds(r.bench.e2e_p50_ms), ".1f"),
-    Metric("E2E max s", lambda r: seconds(r.bench.e2e_max_ms), ".1f"),
-)
-"""The KV-pressure preset's columns: what prefill cost (the server's own log) next to speed and latency."""
-
-
 def per_decode_step(name: str) -> Callable[[WorkloadRun], float | None]:
     """A per-step sum of the decode segment series (`--feather-segment-metrics`) over the run's decode steps."""
 
@@ -107,6 +95,23 @@ DECODE_METRICS = (
 )
 """The decode-heavy preset's columns: speed, and what a decode step reads (shared prefix segments, each read
 once by feather_grouped; `reads` = segment reads a per-request kernel makes), with the stopper's counts."""
+
+KV_PRESSURE_METRICS = (
+    Metric("hit %", hit_percent, ".1f"),
+    Metric("prefilled tok", prefilled_tokens, ".0f"),
+    Metric("retracted", retracted_reqs, ".0f"),
+    Metric("req/s", lambda r: r.bench.request_throughput, ".2f"),
+    Metric(THROUGHPUT, lambda r: r.bench.output_throughput, ".1f"),
+    Metric("TPOT p50", lambda r: r.bench.tpot_p50_ms, ".1f"),
+    Metric("TPOT p99", lambda r: r.bench.tpot_p99_ms, ".1f"),
+    Metric("E2E p50 s", lambda r: seconds(r.bench.e2e_p50_ms), ".1f"),
+    Metric("E2E max s", lambda r: seconds(r.bench.e2e_max_ms), ".1f"),
+    Metric("segments/step", per_decode_step("sglang:feather_decode_shared_segments_sum"), ".2f"),
+    Metric("consults", counter("sglang:feather_consults_total"), ".0f"),
+    Metric("stops", counter("sglang:feather_stops_total"), ".0f"),
+)
+"""The KV-pressure preset's columns: what prefill cost (the server's own log) next to speed and latency, what a
+decode step reads (with segment metrics: `--attention-backends`) and the stopper's counts."""
 
 RATIO_SPEC = ".2f"
 

@@ -125,7 +125,7 @@ def test_kv_pressure_table_reports_prefill_requests_and_latency_per_policy():
     headers = [h.strip() for h in lines[0].split("  ") if h.strip()]
     assert headers == [
         "policy", "runs", "done", "hit %", "prefilled tok", "retracted", "req/s", "out tok/s", "x fcfs",
-        "E2E p50 s", "E2E max s",
+        "TPOT p50", "TPOT p99", "E2E p50 s", "E2E max s", "segments/step", "consults", "stops",
     ]  # fmt: skip
     feather = lines[3]
     assert feather.split()[:3] == ["feather", "3", "30/30"]
