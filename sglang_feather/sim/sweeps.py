@@ -214,6 +214,22 @@ def concentration_eos_cases(num_requests: int = 1000) -> Iterator[Case]:
         yield Case(label, "gsp", WorkloadConfig(spec, eos_outputs=True), engine, "a100-80gb")
 
 
+def _decode_heavy() -> Iterator[Case]:
+    """Issue 48's decode-bound shapes under each attention kernel: the live demo's (`--decode-heavy`: 16 groups
+    x 16 prompts, 2K prefixes, 32-token questions, 64-token outputs) and the issue's (16 x 32, 128-token
+    outputs), every request at t=0 in shuffled order (groups interleave), 64 running at most, so a batch
+    cannot hold every group at once and which groups run together decides what a step reads."""
+    shapes = {"16x16 out64": (16, 64), "16x32 out128": (32, 128)}
+    for gpu in ("a100-80gb", "h200", "rtx6000-ada"):
+        for name, (per_group, output_len) in shapes.items():
+            spec = SharedPrefixSpec.per_group(
+                16, per_group, prefix_len=2048, question_len=32, output_len=output_len, order="random"
+            )
+            for attention in ("plain", "cascade", "grouped"):
+                engine = EngineConfig(max_running_requests=64, attention=attention)
+                yield Case(f"{gpu} {name} {attention}", "gsp", WorkloadConfig(spec), engine, gpu)
+
+
 SWEEPS: dict[str, Callable[[], Iterator[Case]]] = {
     "demo": _demo,
     "rag": _rag,
@@ -223,6 +239,7 @@ SWEEPS: dict[str, Callable[[], Iterator[Case]]] = {
     "starvation": _starvation,
     "concentration": concentration_cases,
     "concentration-eos": concentration_eos_cases,
+    "decode-heavy": _decode_heavy,
 }
 
 VARIANTS: dict[str, tuple[str, dict]] = {
@@ -230,6 +247,9 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "feather-60s": ("feather", {"max_wait_s": 60.0}),
     "feather-bound-only": ("feather", {"due_when_overtaken": False}),
     "feather-noconc": ("feather", {"concentrate": False}),
+    "feather-ucb": ("feather", {"stopper": "ucb"}),
+    "feather-static": ("feather", {"stopper": "static"}),
+    "feather-cap4": ("feather", {"stopper": "static", "stopper_options": {"max_groups": 4}}),
 }
 """Extra policy names a sweep may run: a policy with some admission options changed."""
 
