@@ -59,6 +59,7 @@ METRICS = (
 )
 """What the demo's summary reports per policy, in column order (ms for TTFT/TPOT, as in the serving table)."""
 
+
 def per_decode_step(name: str) -> Callable[[WorkloadRun], float | None]:
     """A per-step sum of the decode segment series (`--feather-segment-metrics`) over the run's decode steps."""
 
