@@ -217,7 +217,7 @@ class TestBoundedIndexes:
         """tracemalloc sees Python allocations only: for the compiled core, the id map of the wrapper; its
         C++ heaps are covered by `num_index_entries` (and the core frees a node's heaps with the node). The
         pure-Python core, whose every index tracemalloc sees, runs 40K requests (10K traced): the same
-        bounds, a fifth of the CPU (100K took 195 s of a CI run)."""
+        bounds at about a third of the CPU (100K took 195 s of a CI run)."""
         traced_end, end = (40_000, 100_000) if tree_cls is not PythonTree else (20_000, 40_000)
         rng = random.Random(0)
         tree = tree_cls()
