@@ -29,10 +29,11 @@ from sglang_feather.options import (
 from sglang_feather.policy import DEFAULT_MAX_WAIT_S, make_policy, policy_names
 
 DEFAULT_STOPPER = "always"
-"""Never stop. The learning stoppers (`ucb`, `qlearn`, `ucb-adaptive`) converge on the synthetic benchmarks, but
-live under KV pressure `ucb`'s STOPs cost 26 % more prefill and 7 % fewer requests per second than `always`,
-and in the simulator's stop map a STOP pays in 4 of 28 cells (docs/policy.md): until their reward sees what a
-STOP costs, they are opt-in."""
+"""Never stop, under every attention backend. A STOP pays where attention over the running groups' prefixes
+bounds a decode step and the kernel reads each prefix once (`ucb` +28 % live on the CPU server's decode-heavy
+shape with `feather_grouped`), but its KV-pressure results are split and the simulator gives it at most
+1-6 % for Llama-3-8B on a GPU under any kernel (docs/results/grouped-attention.md): the learning stoppers
+(`ucb`, `qlearn`, `ucb-adaptive`) are opt-in."""
 
 
 class StopScope(enum.Enum):
