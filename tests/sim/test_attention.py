@@ -143,3 +143,17 @@ def test_the_kernel_changes_only_decode_cost(cost):
 def test_an_unknown_kernel_is_refused():
     with pytest.raises(ValueError, match="attention must be one of"):
         replace(DEFAULT_ENGINE, attention="flash")
+
+
+def test_the_stop_map_and_the_decode_heavy_sweep_run_under_the_kernel_asked():
+    from sglang_feather.sim.stopmap import Cell, _gsp, run_cell
+    from sglang_feather.sim.sweeps import SWEEPS
+
+    cell = Cell("tiny", "gsp", _gsp(2, 256, 12), "h200", 256)
+    results = {kernel: run_cell(cell, kernel) for kernel in ("plain", "grouped")}
+    assert [results[k]["attention"] for k in results] == ["plain", "grouped"]
+    always = {k: next(r for r in res["runs"] if r["label"] == "always") for k, res in results.items()}
+    assert always["grouped"]["summary"]["output_tok_s"] >= always["plain"]["summary"]["output_tok_s"]
+    cases = list(SWEEPS["decode-heavy"]())
+    assert {case.engine.attention for case in cases} == set(ATTENTION_KERNELS)
+    assert all(case.engine.max_running_requests == 64 for case in cases)

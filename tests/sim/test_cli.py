@@ -35,6 +35,7 @@ def test_help_runs():
         "--sweep",
         "--overlap-schedule",
         "--batch-order",
+        "--attention",
     ):
         assert flag in out.stdout
 
@@ -73,6 +74,23 @@ def test_small_sweep_writes_json_and_plot(tmp_path, capsys):
     assert data["profile"]["gpu"] == "h200"
     assert (tmp_path / "throughput_vs_prefix_len.png").stat().st_size > 0
     assert main(["--trace", str(tmp_path / "t.jsonl"), "--policies", "feather", "--no-progress"]) == 0
+
+
+def test_attention_flag_picks_the_kernel_and_is_recorded(tmp_path, capsys):
+    base = ["--workload", "gsp", "--num-groups", "2", "--prompts-per-group", "6", "--prefix-len", "2048"]
+    base += ["--output-len", "16", "--policies", "fcfs", "--fixed-cpu-ms", "0", "--no-progress"]
+    tok_s = {}
+    for kernel in ("plain", "grouped"):
+        out = tmp_path / f"{kernel}.json"
+        assert main([*base, "--attention", kernel, "--json", str(out)]) == 0
+        data = json.loads(out.read_text())
+        assert data["engine"]["attention"] == kernel
+        (run,) = data["runs"]
+        tok_s[kernel] = run["output_tok_s"]
+    assert tok_s["grouped"] > tok_s["plain"], tok_s
+    with pytest.raises(SystemExit):
+        main([*base, "--attention", "flash"])
+    assert "invalid choice: 'flash'" in capsys.readouterr().err
 
 
 OLD_WORKLOAD_FLAGS = {
