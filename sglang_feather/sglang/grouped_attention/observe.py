@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from sglang_feather.sglang.grouped_attention.segments import BatchSegments, find_segments
+from sglang_feather.sglang.grouped_attention.segments import BatchSegments, SegmentCounts, find_segments
 
 SEGMENT_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256)
 SECONDS_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1)
@@ -34,12 +34,12 @@ class SegmentTotals:
     num_tokens_logical: int = 0
     detection_s: float = 0.0
 
-    def add(self, segments: BatchSegments, detection_s: float) -> None:
+    def add(self, counts: SegmentCounts, detection_s: float) -> None:
         self.num_steps += 1
-        self.num_shared_segments += segments.num_shared_segments
-        self.num_shared_reads_per_request += segments.num_shared_reads_per_request
-        self.num_tokens_read += segments.num_tokens_read
-        self.num_tokens_logical += segments.num_tokens_logical
+        self.num_shared_segments += counts.num_shared_segments
+        self.num_shared_reads_per_request += counts.num_shared_reads_per_request
+        self.num_tokens_read += counts.num_tokens_read
+        self.num_tokens_logical += counts.num_tokens_logical
         self.detection_s += detection_s
 
 
@@ -65,9 +65,10 @@ class SegmentObserver:
         return segments, rows
 
     def book(self, segments: BatchSegments, elapsed_s: float) -> None:
-        self.totals.add(segments, elapsed_s)
+        counts = segments.counts()  # once: the totals and the metrics read the same numbers
+        self.totals.add(counts, elapsed_s)
         if self.metrics is not None:
-            self.metrics.record(segments, elapsed_s)
+            self.metrics.record(counts, elapsed_s)
 
 
 COUNTERS = {
@@ -84,7 +85,7 @@ COUNTERS = {
         "KV tokens a decode step reads request by request (the sum of sequence lengths)",
     ),
 }
-"""`BatchSegments` count -> its counter (name, help)."""
+"""`SegmentCounts` field -> its counter (name, help)."""
 
 
 class SegmentMetrics:
@@ -114,8 +115,8 @@ class SegmentMetrics:
             for count, (name, help_text) in COUNTERS.items()
         }
 
-    def record(self, segments: BatchSegments, detection_s: float) -> None:
-        self.segments.observe(segments.num_shared_segments)
+    def record(self, counts: SegmentCounts, detection_s: float) -> None:
+        self.segments.observe(counts.num_shared_segments)
         self.detection.observe(detection_s)
         for count, counter in self.counters.items():
-            counter.inc(getattr(segments, count))
+            counter.inc(getattr(counts, count))

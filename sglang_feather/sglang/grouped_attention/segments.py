@@ -27,6 +27,20 @@ class Span:
 
 
 @dataclass(frozen=True, slots=True)
+class SegmentCounts:
+    """What a decode step reads, counted once per step for the metrics and the run's totals."""
+
+    num_shared_segments: int
+    """Distinct shared prefix segments a step reads once each (a nested prefix counts per level)."""
+    num_shared_reads_per_request: int
+    """Shared segments read by a kernel that attends request by request: each member reads each one."""
+    num_tokens_read: int
+    """KV tokens read with every span read once."""
+    num_tokens_logical: int
+    """KV tokens read request by request (the sum of sequence lengths)."""
+
+
+@dataclass(frozen=True, slots=True)
 class BatchSegments:
     """A decode batch cut into spans: shared segments (every nesting level) and private tails."""
 
@@ -37,24 +51,31 @@ class BatchSegments:
     def num_requests(self) -> int:
         return len(self.seq_lens)
 
+    def counts(self) -> SegmentCounts:
+        """The step's `SegmentCounts`, in one pass over the spans."""
+        num_shared = num_reads = num_read = 0
+        for span in self.spans:
+            num_read += span.end - span.start
+            members = len(span.members)
+            if members > 1:
+                num_shared += 1
+                num_reads += members
+        return SegmentCounts(num_shared, num_reads, num_read, sum(self.seq_lens))
+
     @property
     def num_shared_segments(self) -> int:
-        """Distinct shared prefix segments a step reads once each (a nested prefix counts per level)."""
-        return sum(1 for span in self.spans if span.is_shared)
+        return self.counts().num_shared_segments
 
     @property
     def num_shared_reads_per_request(self) -> int:
-        """Shared segments read by a kernel that attends request by request: each member reads each one."""
-        return sum(len(span.members) for span in self.spans if span.is_shared)
+        return self.counts().num_shared_reads_per_request
 
     @property
     def num_tokens_read(self) -> int:
-        """KV tokens read with every span read once."""
-        return sum(span.num_tokens for span in self.spans)
+        return self.counts().num_tokens_read
 
     @property
     def num_tokens_logical(self) -> int:
-        """KV tokens read request by request (the sum of sequence lengths)."""
         return sum(self.seq_lens)
 
 
