@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from sglang_feather.sim.profile import Profile
@@ -29,6 +29,13 @@ class KVSplit:
 
     dram_tokens: int
     l2_tokens: int
+    l2_streaming: float = 1.0
+    """Share of the L2 bandwidth the attention kernel reaches on the L2-served reads: decode kernels stream
+    L2-resident KV far below it (the kernel's factor, `attention.py`); 1.0 is the whole bandwidth."""
+
+    def plus_dram(self, num_tokens: int) -> KVSplit:
+        """The same split with `num_tokens` more read from DRAM (the batch's private KV)."""
+        return replace(self, dram_tokens=self.dram_tokens + num_tokens)
 
 
 class CostModel(Protocol):
@@ -128,5 +135,5 @@ class PhysicsCostModel:
         linear = max(self.weight_bytes / self._hbm(), 2 * self._m("num_params") * batch_size / self._flops())
         per_layer = self.kv_bytes_per_token_layer * self._m("num_layers")
         attn = kv.dram_tokens * per_layer / self._hbm()
-        attn += kv.l2_tokens * per_layer / self._g("decode_attention.l2_bandwidth")
+        attn += kv.l2_tokens * per_layer / (kv.l2_streaming * self._g("decode_attention.l2_bandwidth"))
         return linear + attn + self._g("overhead.step_s") + self._g("overhead.per_request_s") * batch_size

@@ -296,7 +296,7 @@ class Engine:
             self._split = self._attention.shared_split(self.cost, nodes)
             self._distinct_shared = distinct_shared_tokens(nodes)
         private = sum(s.private_kv_tokens() for s in self.running)
-        kv = KVSplit(self._split.dram_tokens + private, self._split.l2_tokens)
+        kv = self._split.plus_dram(private)
         once = KVSplit(self._distinct_shared + private, 0)
         for s in self.running:
             s.num_out += 1

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from sglang_feather.admission import AdmissionConfig
+from sglang_feather.sim.attention import ATTENTION_KERNELS
 from sglang_feather.sim.cost import PhysicsCostModel
 from sglang_feather.sim.cpu import FixedCpu, MeasuredCpu
 from sglang_feather.sim.engine import EngineConfig
@@ -225,7 +226,7 @@ def _decode_heavy() -> Iterator[Case]:
             spec = SharedPrefixSpec.per_group(
                 16, per_group, prefix_len=2048, question_len=32, output_len=output_len, order="random"
             )
-            for attention in ("plain", "cascade", "grouped"):
+            for attention in ATTENTION_KERNELS:
                 engine = EngineConfig(max_running_requests=64, attention=attention)
                 yield Case(f"{gpu} {name} {attention}", "gsp", WorkloadConfig(spec), engine, gpu)
 

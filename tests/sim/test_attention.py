@@ -11,9 +11,10 @@ from sim_helpers import run, small_gsp
 
 from sglang_feather.sim.attention import (
     ATTENTION_KERNELS,
+    FA2_STREAMING,
+    FLASHINFER_STREAMING,
     AllOrNothingCascade,
     GroupedAttention,
-    PlainAttention,
     common_prefix_nodes,
     distinct_shared_tokens,
 )
@@ -29,9 +30,30 @@ def batch_of(num_requests: int, *paths: tuple) -> list[tuple]:
     return [paths[i % len(paths)] for i in range(num_requests)]
 
 
-def test_plain_is_the_cost_models_reuse_window(cost):
+def tokens(split: KVSplit) -> tuple[int, int]:
+    return split.dram_tokens, split.l2_tokens
+
+
+@pytest.mark.parametrize(
+    ("name", "streaming"), [("plain", FLASHINFER_STREAMING), ("plain-fa2", FA2_STREAMING)]
+)
+def test_plain_is_the_cost_models_reuse_window_at_the_kernels_l2_streaming(cost, name, streaming):
     batch = batch_of(16, (SYSTEM, ("doc-a", 2048)), (SYSTEM, ("doc-b", 2048)))
-    assert PlainAttention().shared_split(cost, batch) == cost.shared_split(batch)
+    split = ATTENTION_KERNELS[name].shared_split(cost, batch)
+    assert tokens(split) == tokens(cost.shared_split(batch))
+    assert split.l2_tokens > 0 and split.l2_streaming == streaming
+
+
+def test_a_slower_l2_streaming_kernel_pays_only_for_l2_served_reads(cost):
+    fa2, flashinfer = (
+        replace(KVSplit(4_000, 6_000), l2_streaming=s) for s in (FA2_STREAMING, FLASHINFER_STREAMING)
+    )
+    assert cost.decode_s(16, fa2) > cost.decode_s(16, flashinfer) > cost.decode_s(16, KVSplit(4_000, 6_000))
+    # Still cheaper than reading it all from DRAM; with no L2-served reads the factor changes nothing.
+    dram_only = cost.decode_s(16, KVSplit(10_000, 0))
+    assert cost.decode_s(16, flashinfer) < dram_only
+    no_l2 = [replace(KVSplit(10_000, 0), l2_streaming=s) for s in (FA2_STREAMING, 1.0)]
+    assert cost.decode_s(16, no_l2[0]) == cost.decode_s(16, no_l2[1])
 
 
 def test_grouped_reads_each_distinct_node_once_from_dram(cost):
@@ -41,7 +63,7 @@ def test_grouped_reads_each_distinct_node_once_from_dram(cost):
 
 def test_cascade_reads_the_common_prefix_once_only_when_every_request_shares_enough():
     kernel = AllOrNothingCascade()
-    plain = PlainAttention()
+    plain = ATTENTION_KERNELS["plain-fa2"]  # what vLLM runs when the cascade is off
 
     class NoL2:
         """Every shared read from DRAM: what the cascade changes is then exactly visible."""
@@ -51,19 +73,21 @@ def test_cascade_reads_the_common_prefix_once_only_when_every_request_shares_eno
 
     cost = NoL2()
     homogeneous = batch_of(8, (SYSTEM, ("doc-a", 2048)))
-    assert kernel.shared_split(cost, homogeneous) == KVSplit(512 + 2048, 0)
+    assert tokens(kernel.shared_split(cost, homogeneous)) == (512 + 2048, 0)
     # One outlier turns it off for the whole batch: every request reads its prefix again.
     outlier = [*homogeneous[:7], (("other", 2560),)]
     assert (
-        kernel.shared_split(cost, outlier) == plain.shared_split(cost, outlier) == KVSplit(7 * 2560 + 2560, 0)
+        kernel.shared_split(cost, outlier)
+        == plain.shared_split(cost, outlier)
+        == KVSplit(7 * 2560 + 2560, 0, FA2_STREAMING)
     )
     # Under vLLM's thresholds: 7 requests, or a common prefix of 255 tokens.
-    assert kernel.shared_split(cost, homogeneous[:7]) == KVSplit(7 * 2560, 0)
+    assert tokens(kernel.shared_split(cost, homogeneous[:7])) == (7 * 2560, 0)
     short = batch_of(8, (("short", 255), ("doc-a", 2048)), (("short", 255), ("doc-b", 2048)))
-    assert kernel.shared_split(cost, short) == KVSplit(8 * (255 + 2048), 0)
+    assert tokens(kernel.shared_split(cost, short)) == (8 * (255 + 2048), 0)
     # Two documents under one system prompt: the system prompt once, each document per request.
     nested = batch_of(8, (SYSTEM, ("doc-a", 2048)), (SYSTEM, ("doc-b", 2048)))
-    assert kernel.shared_split(cost, nested) == KVSplit(512 + 8 * 2048, 0)
+    assert tokens(kernel.shared_split(cost, nested)) == (512 + 8 * 2048, 0)
 
 
 NODE_TOKENS = {"a": 300, "b": 17, "c": 600}
@@ -101,9 +125,7 @@ def test_no_kernel_reads_more_than_plain_or_less_than_each_node_once(batch):
             return KVSplit(sum(n for nodes in batch for _, n in nodes), 0)
 
     cost = NoL2()
-    total = {
-        name: sum(k.shared_split(cost, batch).__dict__.values()) for name, k in ATTENTION_KERNELS.items()
-    }
+    total = {name: sum(tokens(k.shared_split(cost, batch))) for name, k in ATTENTION_KERNELS.items()}
     assert total["grouped"] <= total["cascade"] <= total["plain"]
     assert total["grouped"] == distinct_shared_tokens(batch)
 
