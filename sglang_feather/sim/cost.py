@@ -17,7 +17,9 @@ from sglang_feather.sim.profile import Profile
 # node is served from L2 when a request among the previous concurrent ones read the same node and the
 # distinct shared KV of that window fits in the usable L2; otherwise it comes from DRAM again. Private KV
 # (unique prompt tails and generated tokens) always comes from DRAM. Order inside the batch therefore
-# matters: the same requests grouped contiguously hit L2 where interleaved ones miss.
+# matters: the same requests grouped contiguously hit L2 where interleaved ones miss. DRAM reads run at the
+# measured streaming rate; L2-served reads at the attention kernel's share of the measured L2 bandwidth
+# (`KVSplit.l2_streaming`), since decode kernels stream L2-resident KV far below it.
 
 BatchNodes = Sequence[Sequence[tuple[Hashable, int]]]
 """Per request in batch order: its shared prefix nodes as (node key, tokens)."""
@@ -129,11 +131,19 @@ class PhysicsCostModel:
                 in_window[key] += 1
         return KVSplit(dram, l2)
 
+    def linear_s(self, batch_size: int) -> float:
+        """A decode step's non-attention time: every weight read once, or the products if compute bound."""
+        return max(self.weight_bytes / self._hbm(), 2 * self._m("num_params") * batch_size / self._flops())
+
+    def attention_s(self, kv: KVSplit) -> float:
+        """A decode step's attention reads over every layer: DRAM-served at the DRAM rate, L2-served at the
+        kernel's share of L2 bandwidth."""
+        per_token = self.kv_bytes_per_token_layer * self._m("num_layers")
+        l2_rate = kv.l2_streaming * self._g("decode_attention.l2_bandwidth")
+        return kv.dram_tokens * per_token / self._hbm() + kv.l2_tokens * per_token / l2_rate
+
     def decode_s(self, batch_size: int, kv: KVSplit) -> float:
         if batch_size == 0:
             return 0.0
-        linear = max(self.weight_bytes / self._hbm(), 2 * self._m("num_params") * batch_size / self._flops())
-        per_layer = self.kv_bytes_per_token_layer * self._m("num_layers")
-        attn = kv.dram_tokens * per_layer / self._hbm()
-        attn += kv.l2_tokens * per_layer / (kv.l2_streaming * self._g("decode_attention.l2_bandwidth"))
-        return linear + attn + self._g("overhead.step_s") + self._g("overhead.per_request_s") * batch_size
+        overhead = self._g("overhead.step_s") + self._g("overhead.per_request_s") * batch_size
+        return self.linear_s(batch_size) + self.attention_s(kv) + overhead
