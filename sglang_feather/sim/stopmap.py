@@ -36,7 +36,7 @@ from sglang_feather.workload import SharedPrefixSpec
 
 THRESHOLDS = (2, 4, 8, 16)
 """The group caps the oracle sweeps (`static`'s `max_groups`)."""
-STOPPERS = ("always", "static", "ucb", "qlearn")
+STOPPERS = ("always", "static", "ucb", "ucb-adaptive", "qlearn")
 BASELINES = ("dfs-weight",)
 """SGLang's policy run beside Feather in the cells the issue sets a bar on."""
 DEFAULT_REQUESTS = 600
@@ -58,8 +58,9 @@ class Cell:
     baselines: tuple[str, ...] = ()
 
 
-def _gsp(groups: int, prefix: int, requests: int, rate: float = GSP_RATE) -> WorkloadConfig:
+def _gsp(groups: int, prefix: int, requests: int, seed: int, rate: float = GSP_RATE) -> WorkloadConfig:
     spec = SharedPrefixSpec(
+        seed=seed,
         num_groups=groups,
         num_requests=requests,
         prefix_len=prefix,
@@ -72,7 +73,8 @@ def _gsp(groups: int, prefix: int, requests: int, rate: float = GSP_RATE) -> Wor
     return WorkloadConfig(spec)
 
 
-def cells(requests: int) -> Iterator[Cell]:
+def cells(requests: int, seed: int = 0) -> Iterator[Cell]:
+    """The map's cells, every trace drawn with workload seed `seed`."""
     for gpu in ("a100-80gb", "rtx6000-ada"):
         for groups in (8, 32, 64):
             for prefix in (1024, 4096, 8192):
@@ -80,22 +82,26 @@ def cells(requests: int) -> Iterator[Cell]:
                 yield Cell(
                     f"{gpu} gsp {groups}g {prefix // 1024}K",
                     "gsp",
-                    _gsp(groups, prefix, requests),
+                    _gsp(groups, prefix, requests, seed),
                     gpu,
                     prefix,
                     baselines=BASELINES if bar else (),
                 )
         small = EngineConfig(kv_capacity_tokens=SMALL_POOL_TOKENS)
-        yield Cell(f"{gpu} gsp 32g 4K small-kv", "gsp", _gsp(32, 4096, requests), gpu, 4096, small)
-        low = _gsp(32, 4096, requests, LOW_RATE)
+        yield Cell(f"{gpu} gsp 32g 4K small-kv", "gsp", _gsp(32, 4096, requests, seed), gpu, 4096, small)
+        low = _gsp(32, 4096, requests, seed, LOW_RATE)
         yield Cell(f"{gpu} gsp 32g 4K {LOW_RATE:g}req/s", "gsp", low, gpu, 4096)
     for groups, prefix in ((8, 1024), (32, 4096), (64, 8192)):
         yield Cell(
-            f"h200 gsp {groups}g {prefix // 1024}K", "gsp", _gsp(groups, prefix, requests), "h200", prefix
+            f"h200 gsp {groups}g {prefix // 1024}K",
+            "gsp",
+            _gsp(groups, prefix, requests, seed),
+            "h200",
+            prefix,
         )
-    rag = KV_PRESSURE["rag"].with_spec(num_requests=requests)
+    rag = KV_PRESSURE["rag"].with_spec(num_requests=requests, seed=seed)
     yield Cell("a100-80gb rag kv-limited", "rag", rag, "a100-80gb", 9216, baselines=BASELINES)
-    none = NO_SHARING.with_spec(num_requests=min(requests, 400))
+    none = NO_SHARING.with_spec(num_requests=min(requests, 400), seed=seed)
     for gpu in ("a100-80gb", "h200"):
         yield Cell(f"{gpu} no-sharing", "none", none, gpu, 0)
 
@@ -113,6 +119,7 @@ def _variants(cap: int) -> list[tuple[str, str, dict[str, Any]]]:
         ("always", "feather", {"stopper": "always"}),
         (f"static (cap {cap})", "feather", {"stopper": "static", "stopper_options": {"max_groups": cap}}),
         ("ucb", "feather", {"stopper": "ucb"}),
+        ("ucb-adaptive", "feather", {"stopper": "ucb-adaptive"}),
         ("qlearn", "feather", {"stopper": "qlearn"}),
     ]
     runs += [
@@ -144,6 +151,7 @@ def run_cell(cell: Cell, attention: str = "plain") -> dict[str, Any]:
         "cell": cell.label,
         "gpu": cell.gpu,
         "attention": attention,
+        "seed": cell.knobs.spec.seed,
         "num_requests": len(requests),
         "cap": cap,
         "runs": runs,
@@ -172,6 +180,7 @@ def table(results: list[dict[str, Any]]) -> str:
         "always tok/s (% bound)",
         "static",
         "ucb",
+        "ucb-adaptive",
         "qlearn",
         "oracle",
         "dfs-weight",
@@ -193,10 +202,11 @@ def table(results: list[dict[str, Any]]) -> str:
         ucb = by["ucb"]["admission"]
         rows.append(
             [
-                res["cell"],
+                res["cell"] + (f" s{res['seed']}" if "seed" in res else ""),
                 f"{always['output_tok_s']:.0f} ({always['pct_of_bound']:.0%})",
                 f"{cell(static)} {static[7:]}",
                 cell("ucb"),
+                cell("ucb-adaptive") if "ucb-adaptive" in by else "",
                 cell("qlearn"),
                 f"{best_tok / base:.3f} ({best})",
                 dfs,
@@ -204,6 +214,36 @@ def table(results: list[dict[str, Any]]) -> str:
             ]
         )
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+LEARNERS = ("ucb", "ucb-adaptive", "qlearn")
+PAYING_GAIN = 0.05
+"""A cell where the oracle beats `always` by this much is one where a STOP pays."""
+
+
+def learner_lines(results: list[dict[str, Any]]) -> list[str]:
+    """Per learning stopper: the share of the oracle's gain it reaches where a STOP pays (>= 5 %), and its
+    worst ratio to `always` where the oracle is `always` itself."""
+    lines = []
+    for learner in LEARNERS:
+        shares, flat = [], []
+        for res in results:
+            by = {r["label"]: r["summary"]["output_tok_s"] for r in res["runs"]}
+            if learner not in by:
+                continue
+            base = by["always"]
+            best, best_tok = oracle(res)
+            if best_tok / base - 1 >= PAYING_GAIN:
+                shares.append((by[learner] - base) / (best_tok - base))
+            elif best == "always":
+                flat.append(by[learner] / base)
+        paying = ", ".join(f"{s:.0%}" for s in shares) or "none"
+        worst = f"{min(flat):.3f}" if flat else "-"
+        lines.append(
+            f"{learner}: share of the oracle's gain in the {len(shares)} cells where a STOP pays >= "
+            f"{PAYING_GAIN:.0%}: {paying}; worst ratio to always in the {len(flat)} cells where always is best: {worst}"
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,24 +256,28 @@ def main(argv: list[str] | None = None) -> int:
         default="plain",
         help="decode attention kernel of every run (the simulator's --attention)",
     )
+    parser.add_argument("--seed", type=int, default=0, help="workload seed of every cell's trace")
     parser.add_argument("--json", default=None, help="write every run's summary and counters here")
     parser.add_argument("--load", nargs="+", default=None, help="reprint the table of saved runs")
     args = parser.parse_args(argv)
     if args.load:
         results = [res for path in args.load for res in json.load(open(path, encoding="utf-8"))["cells"]]
         print(table(results))
+        print("\n".join(learner_lines(results)))
         return 0
     results = []
-    for c in cells(args.requests):
+    for c in cells(args.requests, args.seed):
         if args.only is not None and args.only not in c.label:
             continue
         results.append(run_cell(c, args.attention))
         print(table(results[-1:]).split("\n")[-1], flush=True)
         if args.json:
             with open(args.json, "w", encoding="utf-8") as f:
-                meta = {"requests": args.requests, "attention": args.attention, "thresholds": THRESHOLDS}
+                meta = {"requests": args.requests, "attention": args.attention, "seed": args.seed}
+                meta["thresholds"] = THRESHOLDS
                 json.dump({**meta, "cells": results}, f, indent=1)
     print(table(results))
+    print("\n".join(learner_lines(results)))
     return 0
 
 
