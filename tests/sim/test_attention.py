@@ -171,11 +171,30 @@ def test_the_stop_map_and_the_decode_heavy_sweep_run_under_the_kernel_asked():
     from sglang_feather.sim.stopmap import Cell, _gsp, run_cell
     from sglang_feather.sim.sweeps import SWEEPS
 
-    cell = Cell("tiny", "gsp", _gsp(2, 256, 12), "h200", 256)
+    cell = Cell("tiny", "gsp", _gsp(2, 256, 12, seed=3), "h200", 256)
     results = {kernel: run_cell(cell, kernel) for kernel in ("plain", "grouped")}
-    assert [results[k]["attention"] for k in results] == ["plain", "grouped"]
+    assert [(results[k]["attention"], results[k]["seed"]) for k in results] == [("plain", 3), ("grouped", 3)]
     always = {k: next(r for r in res["runs"] if r["label"] == "always") for k, res in results.items()}
     assert always["grouped"]["summary"]["output_tok_s"] >= always["plain"]["summary"]["output_tok_s"]
     cases = list(SWEEPS["decode-heavy"]())
     assert {case.engine.attention for case in cases} == set(ATTENTION_KERNELS)
     assert all(case.engine.max_running_requests == 64 for case in cases)
+
+
+def test_the_stop_maps_learner_lines_score_the_share_of_the_oracles_gain():
+    from sglang_feather.sim.stopmap import learner_lines
+
+    def res(always: float, cap: float, ucb: float) -> dict:
+        runs = [
+            ("always", always),
+            ("cap 2", cap),
+            ("ucb", ucb),
+            ("ucb-adaptive", always),
+            ("qlearn", always),
+        ]
+        return {"runs": [{"label": label, "summary": {"output_tok_s": tok}} for label, tok in runs]}
+
+    lines = learner_lines([res(100.0, 110.0, 108.0), res(100.0, 99.0, 99.5)])
+    assert lines[0].startswith("ucb: ") and "1 cells where a STOP pays >= 5%: 80%" in lines[0]
+    assert "1 cells where always is best: 0.995" in lines[0]
+    assert "pays >= 5%: 0%" in lines[1]
