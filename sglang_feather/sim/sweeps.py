@@ -316,6 +316,7 @@ def run_case(case: Case, policies: tuple[str, ...], seeds: list[int], cpu) -> li
             over = sum(b.num_over for b in quartiles)
             base = s.output_tok_s if policy == "fcfs" else base
             row = {"case": case.label, "seed": seed, "batch_order": case.engine.batch_order}
+            row["attention"] = case.engine.attention
             row |= {**asdict(s), "num_wait_over": over}
             row |= {f"max_wait_q{i + 1}": b.wait_max_s for i, b in enumerate(quartiles)}
             row["x_fcfs"] = s.output_tok_s / base if base else float("nan")
@@ -448,6 +449,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--fixed-cpu-ms", type=float, help="charge this scheduler CPU per call instead of measuring"
     )
+    p.add_argument(
+        "--attention",
+        choices=sorted(ATTENTION_KERNELS),
+        help="decode attention kernel of every case (default: each case's own, `plain` unless it names one)",
+    )
     p.add_argument("--json", help="write every run's summary here")
     p.add_argument("--plot", help="concentration: draw the map of where the rule pays to this PNG")
     p.add_argument(
@@ -466,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows += [r for r in json.load(f) if args.only in r["case"]]
     else:
         for case in SWEEPS[args.sweep]():
+            if args.attention is not None:
+                case = replace(case, engine=replace(case.engine, attention=args.attention))
             if args.only in case.label:
                 seeds = list(range(args.first_seed, args.first_seed + args.seeds))
                 rows += run_case(case, policies, seeds, cpu)

@@ -198,3 +198,22 @@ def test_the_stop_maps_learner_lines_score_the_share_of_the_oracles_gain():
     assert lines[0].startswith("ucb: ") and "1 cells where a STOP pays >= 5%: 80%" in lines[0]
     assert "1 cells where always is best: 0.995" in lines[0]
     assert "pays >= 5%: 0%" in lines[1]
+
+
+def test_the_sweeps_attention_flag_runs_every_case_under_that_kernel(tmp_path, monkeypatch):
+    import json
+
+    from sglang_feather.sim import sweeps
+    from sglang_feather.sim.engine import EngineConfig
+    from sglang_feather.sim.stopmap import _gsp
+
+    tiny = sweeps.Case("tiny gsp", "gsp", _gsp(2, 256, 12, seed=0), EngineConfig(), "h200")
+    monkeypatch.setitem(sweeps.SWEEPS, "tiny", lambda: iter([tiny]))
+    out = tmp_path / "rows.json"
+    argv = ["tiny", "--seeds", "1", "--fixed-cpu-ms", "0", "--policies", "fcfs,feather", "--json", str(out)]
+    for kernel in ("grouped", None):
+        assert sweeps.main(argv + ([] if kernel is None else ["--attention", kernel])) == 0
+        rows = json.loads(out.read_text())
+        assert {r["attention"] for r in rows} == {kernel or "plain"}
+    with pytest.raises(SystemExit):  # an unknown kernel is refused by the parser
+        sweeps.main([*argv, "--attention", "flash"])
