@@ -7,9 +7,8 @@ from sglang_feather.policy.base import (
     Observation,
     PolicyBase,
     StoppingPolicy,
-    load_policy,
-    save_policy,
 )
+from sglang_feather.policy.persist import load_state, save_state
 from sglang_feather.policy.registry import POLICIES, make_policy, policy_names
 from sglang_feather.policy.reward import RewardNormalizer
 
@@ -23,8 +22,8 @@ __all__ = [
     "PolicyBase",
     "RewardNormalizer",
     "StoppingPolicy",
-    "load_policy",
+    "load_state",
     "make_policy",
     "policy_names",
-    "save_policy",
+    "save_state",
 ]
