@@ -80,13 +80,13 @@ class PolicyError(RuntimeError):
 
 def _sglang_policy(name: str, setup: PolicySetup) -> SimPolicy:
     try:
-        from sglang_feather.offline.sim_baselines import make_sglang_policy
+        from sglang_feather.sim.sglang_baselines import SGLangBaseline
     except ImportError as e:
         raise PolicyError(
-            f"policy {name!r} needs sglang_feather.offline.sim_baselines, which failed to import ({e}); the "
+            f"policy {name!r} needs SGLang's own objects (sglang_feather.offline), which failed to import ({e}); the "
             "SGLang baselines need sglang==0.5.23 installed (see README: make setup)"
         ) from e
-    return make_sglang_policy(name, setup)
+    return SGLangBaseline(name, setup)
 
 
 def _feather_policy(name: str, setup: PolicySetup) -> SimPolicy:
@@ -101,7 +101,7 @@ POLICIES: dict[str, PolicyFactory] = {
     "dfs-weight": _sglang_policy,
     "feather": _feather_policy,
 }
-"""Policy name -> factory; the SGLang baselines live in the offline package and import sglang when built."""
+"""Policy name -> factory; the SGLang baselines (`sglang_baselines.py`) import sglang when built."""
 
 
 def make_policy(name: str, setup: PolicySetup) -> SimPolicy:
