@@ -14,8 +14,8 @@ from sglang_feather.sim.attention import ATTENTION_KERNELS, distinct_shared_toke
 from sglang_feather.sim.budget import KVPool, PassBudget, PassLimits
 from sglang_feather.sim.cost import CostModel, KVSplit
 from sglang_feather.sim.cpu import CpuTimer
+from sglang_feather.sim.interface import SimPolicy
 from sglang_feather.sim.metrics import RequestRecord, RunLog, StepKind, StepRecord
-from sglang_feather.sim.policies import SimPolicy
 from sglang_feather.sim.requests import Phase, ReqState, output_tokens
 from sglang_feather.sim.sharing import DEFAULT_BLOCK_SIZE, block_ends
 from sglang_feather.sim.token_ratio import NewTokenRatio, RatioTracker

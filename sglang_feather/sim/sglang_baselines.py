@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from sglang_feather.offline.sim_baselines import SGLangQueue
-from sglang_feather.sim.policies import PassContext, PolicySetup
+from sglang_feather.sim.interface import PassContext, PolicySetup
 
 # How it works. Each pass asks SGLang's queue (`offline/sim_baselines.py`: real `Req`s, `calc_priority` on a
 # tree cache that mirrors the simulator's prefix cache through the cache's insert and evict events) for its

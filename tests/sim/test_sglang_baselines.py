@@ -19,7 +19,8 @@ from sglang_feather.sim.__main__ import main
 from sglang_feather.sim.budget import KVPool
 from sglang_feather.sim.cpu import FixedCpu
 from sglang_feather.sim.engine import Engine, EngineConfig, EngineSetup
-from sglang_feather.sim.policies import PolicyError, PolicySetup, make_policy
+from sglang_feather.sim.interface import PolicySetup
+from sglang_feather.sim.policies import PolicyError, make_policy
 from sglang_feather.sim.prefix_cache import PrefixCache
 from sglang_feather.sim.requests import build_states
 from sglang_feather.sim.sglang_baselines import SGLangBaseline
