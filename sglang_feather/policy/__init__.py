@@ -9,7 +9,7 @@ from sglang_feather.policy.base import (
     StoppingPolicy,
 )
 from sglang_feather.policy.persist import load_state, save_state
-from sglang_feather.policy.registry import POLICIES, make_policy, policy_names
+from sglang_feather.policy.registry import POLICIES, learning_policy_names, make_policy, policy_names
 from sglang_feather.policy.reward import RewardNormalizer
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "PolicyBase",
     "RewardNormalizer",
     "StoppingPolicy",
+    "learning_policy_names",
     "load_state",
     "make_policy",
     "policy_names",

@@ -53,7 +53,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "sim": CORE | {"options", "types", "workload", "offline"},
     "bench": CORE | {"options", "types", "workload", "measure", "offline", "sglang"},
     "serving": frozenset({"options", "workload"}),
-    "demo": frozenset({"serving", "workload"}),
+    "demo": frozenset({"policy", "serving", "workload"}),
     "cluster_demo": frozenset({"demo", "serving", "workload"}),
 }
 """Layer -> the layers its modules may import (any import, lazy or for type checking only). Bottom up: the
