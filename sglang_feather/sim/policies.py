@@ -19,7 +19,7 @@ def _sglang_policy(name: str, setup: PolicySetup) -> SimPolicy:
     except ImportError as e:
         raise PolicyError(
             f"policy {name!r} needs SGLang's own objects (sglang_feather.offline), which failed to import ({e}); the "
-            "SGLang baselines need sglang==0.5.23 installed (see README: make setup)"
+            "SGLang baselines need sglang==0.5.23 installed (see docs/development.md: make setup)"
         ) from e
     return SGLangBaseline(name, setup)
 
