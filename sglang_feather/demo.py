@@ -11,6 +11,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from sglang_feather.policy import policy_names
 from sglang_feather.serving import BenchConfig, ServerSpec, Workload, format_table, run_policies
 from sglang_feather.serving.compare import PolicyRun, bench_servers, started_servers
 from sglang_feather.serving.process import exit_on_sigterm, run_cli
@@ -162,8 +163,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--policies",
         default=",".join(DEFAULT_POLICIES),
         help=(
-            "comma-separated (default: %(default)s); feather:STOPPER runs feather with that stopper; "
-            "throughput ratios are to fcfs, else the first"
+            "comma-separated (default: %(default)s); feather:STOPPER runs feather with that stopper "
+            f"({', '.join(policy_names())}); throughput ratios are to fcfs, else the first"
         ),
     )
     parser.add_argument(
@@ -257,6 +258,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--policies names no policy")
     if len(set(args.policies)) != len(args.policies):
         parser.error(f"--policies names a policy twice: {args.policies}")
+    for entry in args.policies:
+        stopper = entry.partition(":")[2]
+        if stopper and stopper not in policy_names():
+            parser.error(
+                f"--policies: {entry}: no stopper {stopper!r}; choose from {', '.join(policy_names())}"
+            )
     for option in ("server_args", "feather_args"):
         try:
             setattr(args, option, tuple(shlex.split(getattr(args, option))))

@@ -6,10 +6,10 @@ import gc
 import time
 from dataclasses import dataclass
 
-from sglang_feather.bench.sequence import SequencePlan
-from sglang_feather.bench.timing import Samples, TimingConfig, gc_disabled, median_run, sample_named
-from sglang_feather.bench.workloads import Workload
 from sglang_feather.cht import ChunkedHashTree, PythonTree, chunk_hashes
+from sglang_feather.measure.sequence import SequencePlan
+from sglang_feather.measure.timing import Samples, TimingConfig, gc_disabled, median_run, sample_named
+from sglang_feather.measure.workloads import Workload
 from sglang_feather.types import ChunkHash
 
 # How it works. SGLang's cache holds `workload.cached` before the first pass; the CHT sees the same

@@ -11,10 +11,10 @@ from typing import TextIO
 
 from sglang_feather.bench import cht_side, report
 from sglang_feather.bench.cli_types import add_json_flag, int_list, publish, workload_list
-from sglang_feather.bench.sequence import SequencePlan
-from sglang_feather.bench.timing import GC_POLICY, TimingConfig, frozen_heap, timing_from_args
-from sglang_feather.bench.workloads import build_workload, shared_prefix_len
 from sglang_feather.cht import DEFAULT_CHUNK_SIZE
+from sglang_feather.measure.sequence import SequencePlan
+from sglang_feather.measure.timing import GC_POLICY, TimingConfig, frozen_heap, timing_from_args
+from sglang_feather.measure.workloads import build_workload, shared_prefix_len
 
 SHARED_WORKLOADS = ("shared", "shared-cold")
 

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from sglang_feather.bench.workloads import WORKLOADS
+from sglang_feather.measure.workloads import WORKLOADS
 
 
 def int_list(text: str) -> tuple[int, ...]:

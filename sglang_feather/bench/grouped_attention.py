@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sglang_feather.bench.cli_types import add_json_flag, int_list, publish
 from sglang_feather.bench.markdown import header, ratio, row
 from sglang_feather.bench.report import machine_line, run_meta
-from sglang_feather.bench.timing import Spread, frozen_heap, gc_disabled
+from sglang_feather.measure.timing import Spread, frozen_heap, gc_disabled
 
 if TYPE_CHECKING:
     import torch

@@ -13,10 +13,10 @@ from typing import TextIO
 
 from sglang_feather.bench import cht_side, report
 from sglang_feather.bench.cli_types import add_json_flag, int_list, publish, workload_list
-from sglang_feather.bench.sequence import SequencePlan
-from sglang_feather.bench.timing import GC_POLICY, TimingConfig, frozen_heap, median_run, timing_from_args
-from sglang_feather.bench.workloads import WORKLOADS, build_workload
 from sglang_feather.cht import DEFAULT_CHUNK_SIZE, backend_name
+from sglang_feather.measure.sequence import SequencePlan
+from sglang_feather.measure.timing import GC_POLICY, TimingConfig, frozen_heap, median_run, timing_from_args
+from sglang_feather.measure.workloads import WORKLOADS, build_workload
 
 BASELINES = ("sglang",)
 """Engine sides, imported by `load_baseline` on first use. A baseline module provides `prepare()`, `POLICIES`,

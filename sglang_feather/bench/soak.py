@@ -7,6 +7,7 @@ import os
 from dataclasses import asdict, replace
 
 from sglang_feather.bench.cli_types import add_json_flag, publish
+from sglang_feather.policy import policy_names
 
 
 def markdown(result: dict) -> str:
@@ -45,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=5_000, help="requests before the first measurement")
     parser.add_argument("--waiting", type=int, default=256, help="waiting requests kept queued")
     parser.add_argument("--max-prompt-len", type=int, default=10_240)
-    parser.add_argument("--stopper", default="static")
+    parser.add_argument(
+        "--stopper", default="static", choices=policy_names(), help="stopping policy (default: %(default)s)"
+    )
     parser.add_argument("--no-trace", action="store_true", help="without tracemalloc (RSS and counters only)")
     parser.add_argument("--seed", type=int, default=0)
     add_json_flag(parser)

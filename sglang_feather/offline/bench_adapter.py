@@ -11,8 +11,8 @@ import numpy as np
 
 from sglang_feather.admission import AdmissionConfig
 from sglang_feather.admission.config import DEFAULT_STOPPER
-from sglang_feather.bench.timing import Spread, frozen_heap, gc_disabled
-from sglang_feather.bench.workloads import ZipfGroups
+from sglang_feather.measure.timing import Spread, frozen_heap, gc_disabled
+from sglang_feather.measure.workloads import ZipfGroups
 from sglang_feather.offline.adapter_harness import AdapterHarness, PassResult
 from sglang_feather.offline.sglang_objects import describe_tree_cache, make_radix_cache, make_req
 from sglang_feather.sglang.options import FEATHER, FeatherOptions

@@ -6,9 +6,9 @@ import gc
 import time
 from dataclasses import dataclass
 
-from sglang_feather.bench.sequence import SequencePlan
-from sglang_feather.bench.timing import Samples, TimingConfig, gc_disabled, sample
-from sglang_feather.bench.workloads import Workload
+from sglang_feather.measure.sequence import SequencePlan
+from sglang_feather.measure.timing import Samples, TimingConfig, gc_disabled, sample
+from sglang_feather.measure.workloads import Workload
 from sglang_feather.offline.sglang_objects import (
     UNIFIED,
     cache_prompt,

@@ -1,8 +1,8 @@
-"""SGLang 0.5.23's own fcfs / lpm / dfs-weight as simulator policies: real `calc_priority`, `Req`, tree cache."""
+"""SGLang 0.5.23's own fcfs / lpm / dfs-weight queue for the simulator: real `calc_priority`, `Req`, tree cache."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -15,7 +15,6 @@ from sglang_feather.offline.sglang_objects import (
     quiet_sglang,
     token_ids,
 )
-from sglang_feather.sim.policies import PassContext, PolicySetup
 
 with quiet_sglang():
     from sglang.srt.managers import schedule_policy as _schedule_policy
@@ -27,8 +26,8 @@ with quiet_sglang():
 # How it works.
 #
 # Every request becomes a real `Req`; the waiting queue is a real list that `calc_priority` sorts in place
-# each pass (so, as in SGLang, an order survives passes where LPM falls back to FCFS), and the admission
-# walk stops at the first request the simulator's budgets refuse. The tree cache a server builds
+# each pass (so, as in SGLang, an order survives passes where LPM falls back to FCFS); the simulator's
+# policy (`sim/sglang_baselines.py`) walks that order and stops at the first request its budgets refuse. The tree cache a server builds
 # (`UnifiedRadixCache` on the Rust tree core, through SGLang's own factory) mirrors the simulator's prefix
 # cache through its insert/evict listeners, so LPM and DFS-weight match against the same cached prefixes
 # the simulator holds. An evicted block is cut out of the mirror by splitting the tree at the block start
@@ -99,46 +98,36 @@ class RadixMirror:
         return tail
 
 
-class SGLangPolicy:
-    def __init__(self, name: str, setup: PolicySetup) -> None:
+class SGLangQueue:
+    """SGLang's waiting queue under one of its own policies, against a tree cache of `capacity_tokens` that
+    mirrors the simulator's prefix cache (fed through `mirror.insert` / `mirror.evict`)."""
+
+    def __init__(self, name: str, capacity_tokens: int) -> None:
         if name not in SGLANG_POLICIES:
             raise ValueError(f"not an SGLang baseline policy: {name!r}; choose from {SGLANG_POLICIES}")
         publish_cpu_context(role="test")
-        self.name = name
-        self.mirror = RadixMirror(setup.cache.capacity_tokens)
+        self.mirror = RadixMirror(capacity_tokens)
         self.tree_cache = describe_tree_cache(self.mirror.tree)
         self.policy = RecordingPolicy(name, self.mirror.tree, False, False, False)
         self.reqs: dict[str, Req] = {}
         self.queue: list[Req] = []
-        setup.cache.on_insert.append(self.mirror.insert)
-        setup.cache.on_evict.append(self.mirror.evict)
 
     def prepare(self, rid: str, tokens: np.ndarray, max_new_tokens: int) -> None:
         self.reqs[rid] = make_req(rid, tokens, max_new_tokens=max_new_tokens, ignore_eos=True)
 
-    def on_arrival(self, rid: str) -> None:
+    def append(self, rid: str) -> None:
+        """An arrival, or a retracted request rejoining the queue at its end."""
         self.queue.append(self.reqs[rid])
 
-    def schedule(self, ctx: PassContext) -> None:
+    def calc_priority(self) -> tuple[Iterator[str], list[str]]:
+        """One pass of SGLang's `calc_priority`: the waiting requests in its order (lazily, read before any
+        leaves) and the ones whose cached prefixes it refreshed, in refresh order."""
         self.policy.calc_priority(self.queue)
-        ctx.refresh_prefixes([r.rid for r in self.policy.refreshed])
-        for req in self.queue:
-            if not ctx.try_admit(req.rid):
-                break
+        return (r.rid for r in self.queue), [r.rid for r in self.policy.refreshed]
 
-    def on_admitted(self, rids: Sequence[str]) -> None:
+    def remove(self, rids: Sequence[str]) -> None:
         gone = set(rids)
         self.queue = [r for r in self.queue if r.rid not in gone]
 
-    def on_finish(self, rid: str) -> None:
+    def forget(self, rid: str) -> None:
         del self.reqs[rid]
-
-    def on_retract(self, rid: str, num_out: int) -> None:
-        self.queue.append(self.reqs[rid])
-
-    def on_step(self, num_tokens: int, elapsed_s: float) -> None:
-        return None
-
-
-def make_sglang_policy(name: str, setup: PolicySetup) -> SGLangPolicy:
-    return SGLangPolicy(name, setup)

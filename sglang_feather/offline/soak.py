@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sglang_feather.admission import AdmissionConfig
-from sglang_feather.bench.workloads import ZipfGroups
+from sglang_feather.measure.workloads import ZipfGroups
 from sglang_feather.offline.adapter_harness import AdapterHarness
 from sglang_feather.offline.sglang_objects import make_req
 from sglang_feather.sglang.options import FEATHER, FeatherOptions

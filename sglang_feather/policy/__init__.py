@@ -7,10 +7,9 @@ from sglang_feather.policy.base import (
     Observation,
     PolicyBase,
     StoppingPolicy,
-    load_policy,
-    save_policy,
 )
-from sglang_feather.policy.registry import POLICIES, make_policy, policy_names
+from sglang_feather.policy.persist import load_state, save_state
+from sglang_feather.policy.registry import POLICIES, learning_policy_names, make_policy, policy_names
 from sglang_feather.policy.reward import RewardNormalizer
 
 __all__ = [
@@ -23,8 +22,9 @@ __all__ = [
     "PolicyBase",
     "RewardNormalizer",
     "StoppingPolicy",
-    "load_policy",
+    "learning_policy_names",
+    "load_state",
     "make_policy",
     "policy_names",
-    "save_policy",
+    "save_state",
 ]

@@ -6,7 +6,6 @@ import enum
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from sglang_feather.policy.reward import RewardNormalizer
@@ -169,17 +168,3 @@ class PolicyBase(StoppingPolicy):
         install = self.parse_learned_state(state)
         self.normalizer = normalizer
         install()
-
-
-def save_policy(policy: StoppingPolicy, path: str | Path) -> None:
-    """Persist `policy.state_dict()` (implemented in `sglang_feather.policy.persist`)."""
-    from sglang_feather.policy.persist import save_state
-
-    save_state(policy, path)
-
-
-def load_policy(policy: StoppingPolicy, path: str | Path) -> bool:
-    """Load saved state into `policy`; False (and a warning) when the file is missing, corrupt or stale."""
-    from sglang_feather.policy.persist import load_state
-
-    return load_state(policy, path)

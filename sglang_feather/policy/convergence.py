@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sglang_feather.policy.registry import make_policy
+from sglang_feather.policy.registry import POLICIES, learning_policy_names, make_policy
 from sglang_feather.policy.synthetic import GroupedWorkload, greedy_score, train
 
 ENVIRONMENTS: dict[str, GroupedWorkload] = {
@@ -20,17 +20,15 @@ ENVIRONMENTS: dict[str, GroupedWorkload] = {
 """`grouped`: add iff batch < 8 or Δ <= 2; `homogeneous`: add iff batch < 4 (any mismatch hurts after)."""
 
 RUNS: dict[str, tuple[str, dict[str, float]]] = {
-    "always": ("always", {}),
-    "static": ("static", {}),
-    "ucb": ("ucb", {}),
-    "qlearn": ("qlearn", {}),
+    **{name: (name, {}) for name in POLICIES},
     "ucb c=0.1": ("ucb", {"exploration": 0.1}),
     "ucb c=0.25": ("ucb", {"exploration": 0.25}),
     "ucb c=1.41": ("ucb", {"exploration": 1.41}),
     "qlearn λ=0": ("qlearn", {"trace": 0.0}),
     "qlearn λ=0.5": ("qlearn", {"trace": 0.5}),
 }
-PLOTTED = ("always", "static", "ucb", "qlearn")
+"""Every stopper of the registry at its defaults, then variants of the learners' options."""
+PLOTTED = tuple(POLICIES)
 
 
 @dataclass(frozen=True)
@@ -86,7 +84,9 @@ def plot(results: Sequence[RunResult], out: Path) -> None:
     fig, axes = plt.subplots(2, len(envs), figsize=(6 * len(envs), 7.5), squeeze=False)
     window = max(1, min(250, results[0].cumulative.shape[1] // 10))
     for col, env in enumerate(envs):
-        learners = [r.cumulative.max() for r in results if r.env == env and r.label in ("ucb", "qlearn")]
+        learners = [
+            r.cumulative.max() for r in results if r.env == env and r.label in learning_policy_names()
+        ]
         for r in results:
             if r.env != env or r.label not in PLOTTED:
                 continue

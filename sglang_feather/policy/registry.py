@@ -7,7 +7,7 @@ from dataclasses import fields
 from typing import Any
 
 from sglang_feather.policy.always import AlwaysPolicy
-from sglang_feather.policy.base import StoppingPolicy
+from sglang_feather.policy.base import PolicyBase, StoppingPolicy
 from sglang_feather.policy.qlearn import QLearnConfig, QLearnPolicy
 from sglang_feather.policy.static import StaticConfig, StaticPolicy
 from sglang_feather.policy.ucb import UCBConfig, UCBPolicy
@@ -35,6 +35,11 @@ OPTIONS: dict[str, tuple[str, ...]] = {
 
 def policy_names() -> list[str]:
     return sorted(POLICIES)
+
+
+def learning_policy_names() -> list[str]:
+    """The stoppers that learn from the throughput reward (their class overrides `learn`), in registry order."""
+    return [name for name in POLICIES if type(make_policy(name)).learn is not PolicyBase.learn]
 
 
 def make_policy(name: str, *, seed: int = 0, **options: Any) -> StoppingPolicy:

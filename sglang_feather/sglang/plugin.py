@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import inspect
 import logging
 import pkgutil
 from typing import Any
 
+from sglang_feather.sglang.version import SUPPORTED_SGLANG, unsupported_version
+
 logger = logging.getLogger(__name__)
 
-SUPPORTED_SGLANG = "0.5.23"
-"""The SGLang release whose scheduler internals the hooks below were written against."""
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
 POLICY = "sglang.srt.managers.schedule_policy.SchedulePolicy"
@@ -72,24 +71,6 @@ def register() -> None:
     HookRegistry.register(BUILD_KV_CACHE, _before_build_kv_cache, HookType.BEFORE)
     for target, (hook, _params) in HOOKS.items():
         HookRegistry.register(target, hook, HookType.AFTER)
-
-
-def sglang_version() -> str:
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def unsupported_version() -> str | None:
-    """Why this SGLang's release is not the one Feather supports; None if it is."""
-    version = sglang_version()
-    if version != SUPPORTED_SGLANG:
-        return (
-            f"sglang-feather supports SGLang {SUPPORTED_SGLANG} only, found {version}: "
-            f"pip install 'sglang=={SUPPORTED_SGLANG}', or use another --schedule-policy"
-        )
-    return None
 
 
 def check_sglang() -> str | None:

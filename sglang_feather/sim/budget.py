@@ -5,16 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sglang_feather.admission import KvHeadroom
+from sglang_feather.sim.metrics import RunLog
 from sglang_feather.sim.prefix_cache import CacheFull, PrefixCache
 from sglang_feather.sim.requests import Phase, ReqState
-
-if TYPE_CHECKING:
-    from sglang_feather.sim.engine import Engine
 
 CLIP_MAX_NEW_TOKENS = 4096
 """SGLang's cap on the output tokens reserved per request (schedule_policy.CLIP_MAX_NEW_TOKENS)."""
@@ -73,11 +70,30 @@ class KVPool:
             return
 
 
+@dataclass(frozen=True)
+class PassLimits:
+    """SGLang's per-pass limits, from the server arguments the engine models."""
+
+    max_running_requests: int
+    max_prefill_tokens: int
+    chunked_prefill_size: int | None
+
+
 @dataclass
 class PassBudget:
-    """One scheduling pass: budgets left, what was admitted, and the engine time spent inside `try_admit`."""
+    """One scheduling pass: budgets left, what was admitted, and the engine time spent inside `try_admit`.
 
-    engine: Engine
+    It reads and changes only what it is given: the KV pool, the waiting requests (an admitted one leaves
+    them), the run log's cache hit and miss counts; `batch_full` and `chunked` tell the engine what the pass
+    found: a full batch, a request admitted in part."""
+
+    pool: KVPool
+    waiting: dict[str, ReqState]
+    log: RunLog
+    now: float
+    max_running_requests: int
+    num_running_before: int
+    """Requests running when the pass opened (the running batch does not change during a pass)."""
     offset: float
     """Tokens promised but not yet allocated: running requests' remaining outputs, admitted ones' outputs."""
     rem_input: int
@@ -86,16 +102,37 @@ class PassBudget:
     admitted: list[tuple[ReqState, int]] = field(default_factory=list)
     engine_s: float = 0.0
     stopped: bool = False
+    batch_full: bool = False
     carried: ReqState | None = None
     """The chunked prefill this pass continues (admitted in an earlier pass)."""
+    chunked: ReqState | None = None
+    """The request this pass admitted only in part: the engine's next chunked prefill."""
 
     @classmethod
-    def open(cls, engine: Engine) -> PassBudget:
-        cfg, pool = engine.config, engine.pool
-        ratio = engine.token_ratio.current
-        reserve = sum(min(s.remaining_out, CLIP_MAX_NEW_TOKENS) for s in engine.running) * ratio
-        b = cls(engine, reserve, cfg.max_prefill_tokens, cfg.chunked_prefill_size)
-        s = engine.chunked
+    def open(
+        cls,
+        limits: PassLimits,
+        pool: KVPool,
+        waiting: dict[str, ReqState],
+        running: Sequence[ReqState],
+        chunked: ReqState | None,
+        ratio: float,
+        log: RunLog,
+        now: float,
+    ) -> PassBudget:
+        reserve = sum(min(s.remaining_out, CLIP_MAX_NEW_TOKENS) for s in running) * ratio
+        b = cls(
+            pool,
+            waiting,
+            log,
+            now,
+            limits.max_running_requests,
+            len(running),
+            reserve,
+            limits.max_prefill_tokens,
+            limits.chunked_prefill_size,
+        )
+        s = chunked
         if s is not None:
             left = s.fill_len - s.num_filled
             n = left if b.rem_chunk is None else min(left, b.rem_chunk)
@@ -111,27 +148,25 @@ class PassBudget:
     @property
     def remaining_total(self) -> float:
         """SGLang's `rem_total_tokens`: free plus evictable KV less what admitted and running requests hold."""
-        pool = self.engine.pool
+        pool = self.pool
         return pool.free + pool.cache.num_evictable - self.offset
 
     @property
     def num_running(self) -> int:
         """Requests in the batch: running, admitted in this pass, and a chunked prefill still in progress."""
-        return len(self.engine.running) + len(self.admitted) + (self.carried is not None)
+        return self.num_running_before + len(self.admitted) + (self.carried is not None)
 
     def kv_headroom(self) -> KvHeadroom:
-        return KvHeadroom(max(0, int(self.remaining_total)), self.engine.pool.capacity)
+        return KvHeadroom(max(0, int(self.remaining_total)), self.pool.capacity)
 
     def refresh_prefixes(self, rids: Sequence[str]) -> None:
-        waiting = self.engine.waiting
-        self.engine.pool.cache.touch_paths([waiting[rid].hashes for rid in rids])
+        self.pool.cache.touch_paths([self.waiting[rid].hashes for rid in rids])
 
     def waiting_ids(self) -> Iterator[str]:
-        return iter(self.engine.waiting)
+        return iter(self.waiting)
 
-    def slots_left(self, engine: Engine) -> int:
-        taken = len(engine.running) + len(self.admitted) + (engine.chunked is not None)
-        return engine.config.max_running_requests - taken
+    def slots_left(self) -> int:
+        return self.max_running_requests - self.num_running
 
     def try_admit(self, rid: str) -> bool:
         t0 = time.perf_counter()
@@ -143,28 +178,27 @@ class PassBudget:
     def _stop(self, batch_full: bool) -> bool:
         self.stopped = True
         if batch_full:
-            self.engine.batch_is_full = True
+            self.batch_full = True
         return False
 
     def num_cached_tokens(self, rid: str) -> int:
-        s = self.engine.waiting[rid]
-        nblocks = self.engine.pool.cache.match(s.hashes)
+        s = self.waiting[rid]
+        nblocks = self.pool.cache.match(s.hashes)
         return s.ends[nblocks - 1] if nblocks else 0
 
     def _admit(self, rid: str) -> bool:
-        e = self.engine
-        s = e.waiting.get(rid)
+        s = self.waiting.get(rid)
         if s is None:
             raise KeyError(f"request {rid!r} is not waiting")
         if self.stopped:
             return False
         if self.remaining_total <= 0:
-            return self._stop(bool(self.admitted or e.running))
+            return self._stop(bool(self.admitted) or self.num_running_before > 0)
         if self.rem_input <= 0 or (self.rem_chunk is not None and self.rem_chunk <= 0):
             return self._stop(False)
-        if self.slots_left(e) <= 0:
+        if self.slots_left() <= 0:
             return self._stop(True)
-        cache = e.pool.cache
+        cache = self.pool.cache
         nblocks = cache.match(s.hashes)
         if nblocks == len(s.hashes) and s.num_out == 0:
             nblocks -= 1
@@ -176,21 +210,21 @@ class PassBudget:
         cache.lock(locked)
         if extend + max_new >= self.remaining_total:
             cache.unlock(locked)
-            return self._stop(bool(self.admitted or e.running))
+            return self._stop(bool(self.admitted) or self.num_running_before > 0)
         if self.rem_chunk is None and self.admitted and extend >= self.rem_input:
             cache.unlock(locked)
             return self._stop(False)
         n = extend if self.rem_chunk is None else min(extend, self.rem_chunk)
         s.locked = locked
         cache.touch(locked)
-        e.pool.alloc(s, n)
+        self.pool.alloc(s, n)
         s.fill_len, s.num_filled = fill, prefix
         s.num_prefills += 1
-        e.log.cache_hit_tokens += prefix
-        e.log.cache_miss_tokens += extend
+        self.log.cache_hit_tokens += prefix
+        self.log.cache_miss_tokens += extend
         if s.admit_t is None:
-            s.admit_t = e.now
-        del e.waiting[rid]
+            s.admit_t = self.now
+        del self.waiting[rid]
         s.phase = Phase.PREFILLING
         self.offset += extend - n + max_new
         self.rem_input -= n
@@ -199,5 +233,5 @@ class PassBudget:
         self.items.append((s, n))
         self.admitted.append((s, n))
         if n < extend:
-            e.chunked = s
+            self.chunked = s
         return True

@@ -11,11 +11,11 @@ import numpy as np
 
 from sglang_feather.cht.hashing import chunk_hashes
 from sglang_feather.sim.attention import ATTENTION_KERNELS, distinct_shared_tokens
-from sglang_feather.sim.budget import KVPool, PassBudget
+from sglang_feather.sim.budget import KVPool, PassBudget, PassLimits
 from sglang_feather.sim.cost import CostModel, KVSplit
 from sglang_feather.sim.cpu import CpuTimer
+from sglang_feather.sim.interface import SimPolicy
 from sglang_feather.sim.metrics import RequestRecord, RunLog, StepKind, StepRecord
-from sglang_feather.sim.policies import SimPolicy
 from sglang_feather.sim.requests import Phase, ReqState, output_tokens
 from sglang_feather.sim.sharing import DEFAULT_BLOCK_SIZE, block_ends
 from sglang_feather.sim.token_ratio import NewTokenRatio, RatioTracker
@@ -122,6 +122,8 @@ class Engine:
         self.log = RunLog(overlap_schedule=self.config.overlap_schedule)
         self._order = BATCH_ORDERS[self.config.batch_order]
         self._attention = ATTENTION_KERNELS[self.config.attention]
+        cfg = self.config
+        self._limits = PassLimits(cfg.max_running_requests, cfg.max_prefill_tokens, cfg.chunked_prefill_size)
         self.waiting: dict[str, ReqState] = {}
         self.running: list[ReqState] = []
         self.chunked: ReqState | None = None
@@ -205,9 +207,12 @@ class Engine:
         ran_policy = False
         budget = None
         if self.chunked is not None or (self.waiting and not self.batch_is_full):
-            budget = PassBudget.open(self)
-            if self.waiting and not self.batch_is_full and budget.slots_left(self) > 0:
+            budget = self._open_pass()
+            if self.waiting and not self.batch_is_full and budget.slots_left() > 0:
                 spent = self.cpu.run(lambda: self.policy.schedule(budget), lambda: budget.engine_s)
+                self.batch_is_full = self.batch_is_full or budget.batch_full
+                if budget.chunked is not None:
+                    self.chunked = budget.chunked
                 cpu += spent
                 ran_policy = True
                 self.log.num_policy_passes += 1
@@ -240,6 +245,18 @@ class Engine:
             self._publish_completed()
         self._charge(lambda: self.policy.on_step(tokens, step))
         return True
+
+    def _open_pass(self) -> PassBudget:
+        return PassBudget.open(
+            self._limits,
+            self.pool,
+            self.waiting,
+            self.running,
+            self.chunked,
+            self.token_ratio.current,
+            self.log,
+            self.now,
+        )
 
     def _prefill(self, budget: PassBudget) -> float:
         gpu = self.cost.prefill_s([n for _, n in budget.items], [s.num_filled for s, _ in budget.items])

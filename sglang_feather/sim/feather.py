@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 
 from sglang_feather.admission import Admission
-from sglang_feather.sim.policies import PassContext, PolicySetup
+from sglang_feather.sim.interface import PassContext, PolicySetup
 from sglang_feather.types import ChunkHash
 
 # How it works.

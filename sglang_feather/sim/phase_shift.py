@@ -16,8 +16,8 @@ from sglang_feather.policy import make_policy
 from sglang_feather.sim.cost import PhysicsCostModel
 from sglang_feather.sim.cpu import FixedCpu, MeasuredCpu
 from sglang_feather.sim.engine import EngineConfig
+from sglang_feather.sim.interface import SimPolicy
 from sglang_feather.sim.metrics import RunLog
-from sglang_feather.sim.policies import SimPolicy
 from sglang_feather.sim.profile import load_profile
 from sglang_feather.sim.run import RunSpec, simulate
 from sglang_feather.sim.workloads import PHASE_SHIFT, WorkloadConfig, make_workload

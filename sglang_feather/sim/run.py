@@ -11,8 +11,9 @@ from sglang_feather.sim.budget import KVPool
 from sglang_feather.sim.cost import CostModel
 from sglang_feather.sim.cpu import CpuTimer, MeasuredCpu
 from sglang_feather.sim.engine import Engine, EngineConfig, EngineSetup, SimClock
+from sglang_feather.sim.interface import PolicySetup, SimPolicy
 from sglang_feather.sim.metrics import RunLog
-from sglang_feather.sim.policies import PolicySetup, SimPolicy, make_policy
+from sglang_feather.sim.policies import make_policy
 from sglang_feather.sim.prefix_cache import PrefixCache
 from sglang_feather.sim.requests import build_states
 from sglang_feather.sim.trace import SimRequest, TokenSource

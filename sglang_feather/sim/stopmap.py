@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from sglang_feather.admission import AdmissionConfig
+from sglang_feather.policy import learning_policy_names
 from sglang_feather.sim.attention import ATTENTION_KERNELS
 from sglang_feather.sim.cost import PhysicsCostModel
 from sglang_feather.sim.cpu import FixedCpu
@@ -26,7 +27,8 @@ from sglang_feather.workload import SharedPrefixSpec
 # Each cell is one trace (workload, GPU profile, KV pool) run through Feather with every stopper on the same
 # requests, scheduler CPU charged as zero so only the schedule counts: `always` (never stops), `static` with
 # its physical group cap (as many groups as the profile's usable L2 holds prefixes of this length per layer,
-# at least 1), `ucb`, `qlearn`, and `static` at each fixed group cap of `THRESHOLDS`; the best of the fixed
+# at least 1), each learning stopper of the registry at its defaults (`LEARNERS`), and `static` at each fixed
+# group cap of `THRESHOLDS`; the best of the fixed
 # caps and `always` is the cell's oracle. Every run is reported beside the physical bound of its own schedule
 # (`Summary.bound_tok_s`: each decode step reading every shared prefix node once, as a cascade kernel would).
 # The cells span the issue's axes without the full product (a 2-core machine runs the map in about half an
@@ -36,7 +38,8 @@ from sglang_feather.workload import SharedPrefixSpec
 
 THRESHOLDS = (2, 4, 8, 16)
 """The group caps the oracle sweeps (`static`'s `max_groups`)."""
-STOPPERS = ("always", "static", "ucb", "ucb-adaptive", "qlearn")
+LEARNERS = tuple(learning_policy_names())
+"""The stoppers that learn from the throughput reward, each run at its defaults."""
 BASELINES = ("dfs-weight",)
 """SGLang's policy run beside Feather in the cells the issue sets a bar on."""
 DEFAULT_REQUESTS = 600
@@ -118,9 +121,7 @@ def _variants(cap: int) -> list[tuple[str, str, dict[str, Any]]]:
     runs = [
         ("always", "feather", {"stopper": "always"}),
         (f"static (cap {cap})", "feather", {"stopper": "static", "stopper_options": {"max_groups": cap}}),
-        ("ucb", "feather", {"stopper": "ucb"}),
-        ("ucb-adaptive", "feather", {"stopper": "ucb-adaptive"}),
-        ("qlearn", "feather", {"stopper": "qlearn"}),
+        *((name, "feather", {"stopper": name}) for name in LEARNERS),
     ]
     runs += [
         (f"cap {t}", "feather", {"stopper": "static", "stopper_options": {"max_groups": t}})
@@ -179,9 +180,7 @@ def table(results: list[dict[str, Any]]) -> str:
         "cell",
         "always tok/s (% bound)",
         "static",
-        "ucb",
-        "ucb-adaptive",
-        "qlearn",
+        *LEARNERS,
         "oracle",
         "dfs-weight",
         "ucb consults/stops",
@@ -205,9 +204,7 @@ def table(results: list[dict[str, Any]]) -> str:
                 res["cell"] + (f" s{res['seed']}" if "seed" in res else ""),
                 f"{always['output_tok_s']:.0f} ({always['pct_of_bound']:.0%})",
                 f"{cell(static)} {static[7:]}",
-                cell("ucb"),
-                cell("ucb-adaptive") if "ucb-adaptive" in by else "",
-                cell("qlearn"),
+                *(cell(name) if name in by else "" for name in LEARNERS),  # saved runs may lack a later one
                 f"{best_tok / base:.3f} ({best})",
                 dfs,
                 f"{ucb['num_consults']}/{ucb['num_stops']}",
@@ -216,7 +213,6 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
 
 
-LEARNERS = ("ucb", "ucb-adaptive", "qlearn")
 PAYING_GAIN = 0.05
 """A cell where the oracle beats `always` by this much is one where a STOP pays."""
 

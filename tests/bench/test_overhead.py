@@ -9,9 +9,9 @@ import pytest
 
 from sglang_feather.bench import __main__ as cli
 from sglang_feather.bench import cht_side, overhead, report
-from sglang_feather.bench.sequence import SequencePlan
-from sglang_feather.bench.timing import TimingConfig
-from sglang_feather.bench.workloads import WORKLOADS, Workload, token_array
+from sglang_feather.measure.sequence import SequencePlan
+from sglang_feather.measure.timing import TimingConfig
+from sglang_feather.measure.workloads import WORKLOADS, Workload, token_array
 from sglang_feather.offline import bench_baseline
 from sglang_feather.workload import segment_tokens
 

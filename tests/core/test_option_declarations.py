@@ -12,6 +12,7 @@ import pytest
 
 from sglang_feather.admission import AdmissionConfig, ConfigError
 from sglang_feather.options import Option, declared, flag, show
+from sglang_feather.policy import policy_names
 from sglang_feather.sglang import options as sglang_options
 from sglang_feather.sim import cli as sim_cli
 from sglang_feather.vllm import config as vllm_config
@@ -214,26 +215,55 @@ def test_the_docs_list_every_flag_and_key():
         assert re.search(rf"^\| `{opt.name}` \|", vllm_doc, re.MULTILINE), opt.name
 
 
-def test_the_docs_tables_list_every_choice_an_option_declares():
-    """A row that documents an option with declared choices names each of them (`name`, or `"name"` as a vLLM
-    config value), so a choice added to the declaration cannot be missing from the docs."""
+def test_the_readme_table_lists_every_flag_with_its_vllm_key():
+    readme = (ROOT / "README.md").read_text()
+    vllm_keys = {opt.name for opt in vllm_config.options()}
+    for opt in sglang_options.FLAGS:
+        row = re.search(rf"^\| `{opt.flag()}` (.*)$", readme, re.MULTILINE)
+        assert row is not None, f"README.md: no row for {opt.flag()}"
+        key = f"/ `{opt.name}` |" if opt.name in vllm_keys else "(SGLang only) |"
+        assert row[1].startswith(key), f"README.md: the {opt.flag()} row should go on with {key!r}"
+
+
+def documented_choices(doc: str, first_cell: str) -> list[str]:
+    """The names a docs table row lists in its description (its last cell) as `name` or `"name"` (a word of
+    letters, digits, `-` and `_`; other code spans, such as a function to call, are not choices)."""
+    row = re.search(rf"^\| {re.escape(first_cell)}.*$", doc, re.MULTILINE)
+    assert row is not None, f"no row starting {first_cell}"
+    cells = re.split(r"(?<!\\)\|", row[0])[1:-1]
+    return re.findall(r'`"?([\w-]+)"?`', cells[-1])
+
+
+def test_the_docs_tables_list_exactly_the_choices_an_option_declares():
+    """A row that documents an option with declared choices names exactly those (`name`, or `"name"` as a
+    vLLM config value): a choice added to or removed from the declaration (the stopper registry's names for
+    the stopper) cannot be missing from the docs or linger there."""
     sglang_doc = (ROOT / "docs" / "sglang.md").read_text()
     vllm_doc = (ROOT / "docs" / "vllm.md").read_text()
-    rows = {
-        opt.name: re.search(rf"^\| `{opt.flag()} .*$", sglang_doc, re.MULTILINE)
-        for opt in sglang_options.FLAGS
-    }
-    rows_vllm = {
-        opt.name: re.search(rf"^\| `{opt.name}` \|.*$", vllm_doc, re.MULTILINE)
-        for opt in vllm_config.options()
-    }
     checked = 0
     for opt in OPTIONS.values():
         if opt.choices is None:
             continue
-        for where, row in (("docs/sglang.md", rows.get(opt.name)), ("docs/vllm.md", rows_vllm.get(opt.name))):
-            assert row is not None, f"{where}: no row for {opt.name}"
-            missing = [c for c in opt.choices() if f"`{c}`" not in row[0] and f'`"{c}"`' not in row[0]]
-            assert not missing, f"{where}: the {opt.name} row omits {missing}"
+        for where, doc, first_cell in (
+            ("docs/sglang.md", sglang_doc, f"`{opt.flag()} "),
+            ("docs/vllm.md", vllm_doc, f"`{opt.name}` |"),
+        ):
+            assert sorted(documented_choices(doc, first_cell)) == sorted(opt.choices()), (
+                f"{where}: {opt.name}"
+            )
             checked += 1
     assert checked >= 4, "stopper and stop_scope on both surfaces"
+
+
+def test_the_readme_and_the_policy_page_list_exactly_the_registered_stoppers():
+    readme = (ROOT / "README.md").read_text()
+    assert sorted(documented_choices(readme, "`--feather-stopper` ")) == policy_names()
+    policy_doc = (ROOT / "docs" / "policy.md").read_text()
+    listed = re.search(r"`policy_names\(\)` lists the names:\s*(.*?)\.\n", policy_doc, re.DOTALL)
+    assert listed is not None, "docs/policy.md lists the stoppers after `policy_names()` lists the names:"
+    assert sorted(re.findall(r"`([^`]+)`", listed[1])) == policy_names()
+
+
+def test_documented_choices_reads_the_description_cell_only():
+    doc = '| `--x NAME` | `a` | pick `b` or `"c"` (`names()`), a\\|b |\n'
+    assert documented_choices(doc, "`--x ") == ["b", "c"]

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import sglang_feather.policy.persist as persist
-from sglang_feather.policy import load_policy, make_policy, save_policy
+from sglang_feather.policy import load_state, make_policy, save_state
 from sglang_feather.policy.context import Context
-from sglang_feather.policy.persist import FORMAT, VERSION, load_state
+from sglang_feather.policy.persist import FORMAT, VERSION
 from sglang_feather.policy.synthetic import GroupedWorkload, draw_episode, play, train
 
 ENV = GroupedWorkload()
@@ -34,11 +34,11 @@ def decisions_after(policy, seed=5, episodes=200):
 def test_round_trip_restores_state_and_behaviour(tmp_path, name):
     policy = trained(name)
     path = tmp_path / "state.json"
-    save_policy(policy, path)
+    save_state(policy, path)
     document = json.loads(path.read_text())
     assert (document["format"], document["version"], document["policy"]) == (FORMAT, VERSION, name)
     restored = make_policy(name, seed=99)
-    assert load_policy(restored, path) is True
+    assert load_state(restored, path) is True
     assert restored.state_dict() == policy.state_dict()
     assert decisions_after(restored) == decisions_after(policy)
     assert restored.state_dict() == policy.state_dict()

@@ -5,6 +5,7 @@ from sglang_feather.policy import (
     Decision,
     Observation,
     StoppingPolicy,
+    learning_policy_names,
     make_policy,
     policy_names,
 )
@@ -13,6 +14,10 @@ from sglang_feather.policy import (
 def test_registry_names():
     assert policy_names() == ["always", "qlearn", "static", "ucb", "ucb-adaptive"]
     assert set(POLICIES) == set(policy_names())
+
+
+def test_the_learning_stoppers_are_those_that_learn_from_the_reward():
+    assert learning_policy_names() == ["ucb", "ucb-adaptive", "qlearn"]
 
 
 @pytest.mark.parametrize("name", ["always", "static", "ucb", "qlearn", "ucb-adaptive"])

@@ -72,6 +72,7 @@ def test_join_only_touches_the_token_after_a_flag_string_option():
         (["--repeat", "0"], "must be >= 1"),
         (["--policies", " , "], "names no policy"),
         (["--policies", "fcfs,feather,fcfs"], "names a policy twice"),
+        (["--policies", "fcfs,feather:ucb-adaptiv"], "no stopper 'ucb-adaptiv'; choose from always, qlearn"),
         (["--server-args", "--x 'unclosed"], "--server-args: No closing quotation"),
         (["--groups", "0"], "--num-groups must be a positive integer, got 0"),
         (["--prompts-per-group", "0"], "--prompts-per-group must be a positive integer"),

@@ -15,14 +15,15 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sim_helpers import request, small_gsp
 
 from sglang_feather.offline.sglang_objects import token_ids
-from sglang_feather.offline.sim_baselines import SGLangPolicy
 from sglang_feather.sim.__main__ import main
 from sglang_feather.sim.budget import KVPool
 from sglang_feather.sim.cpu import FixedCpu
 from sglang_feather.sim.engine import Engine, EngineConfig, EngineSetup
-from sglang_feather.sim.policies import PolicyError, PolicySetup, make_policy
+from sglang_feather.sim.interface import PolicySetup
+from sglang_feather.sim.policies import PolicyError, make_policy
 from sglang_feather.sim.prefix_cache import PrefixCache
 from sglang_feather.sim.requests import build_states
+from sglang_feather.sim.sglang_baselines import SGLangBaseline
 from sglang_feather.sim.trace import TokenSource
 
 
@@ -40,7 +41,7 @@ def _engine(requests, cost, policy, capacity):
 def test_mirror_radix_cache_matches_the_simulator_cache_after_evictions(cost, policy):
     requests = small_gsp(seed=2, num_groups=4, prompts_per_group=5, prefix_len=200)
     eng, pol, states = _engine(requests, cost, policy, capacity=1200)
-    assert isinstance(pol, SGLangPolicy)
+    assert isinstance(pol, SGLangBaseline)
     evicted = []
     eng.pool.cache.on_evict.append(lambda path, start: evicted.append(len(path) - start))
     eng.run()
@@ -72,7 +73,7 @@ class _CacheModel:
     """The simulator's cached token paths, from its own insert/evict events: an evicted leaf block leaves its
     parent's path."""
 
-    def __init__(self, pol: SGLangPolicy) -> None:
+    def __init__(self, pol: SGLangBaseline) -> None:
         self.tree = pol.mirror.tree
         self.paths: set[tuple[int, ...]] = set()
         self.num_events = 0
@@ -143,6 +144,7 @@ def test_lpm_admits_cached_prefix_groups_first(cost):
 
 def test_missing_sglang_fails_loudly(monkeypatch):
     monkeypatch.setitem(sys.modules, "sglang_feather.offline.sim_baselines", None)
+    monkeypatch.delitem(sys.modules, "sglang_feather.sim.sglang_baselines", raising=False)
     with pytest.raises(PolicyError, match="sglang"):
         make_policy("lpm", PolicySetup(cache=PrefixCache(10), clock=lambda: 0.0))
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from sglang_feather.sglang.grouped_attention.names import GROUPED
 from sglang_feather.sglang.grouped_attention.observe import SegmentMetrics, SegmentObserver, decode_seq_lens
+from sglang_feather.sglang.version import unsupported_version
 
 SEGMENT_METRICS_FLAG = "--feather-segment-metrics"
 _ATTR = "_feather_segment_metrics"
@@ -28,8 +29,6 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from sglang_feather.sglang.plugin import unsupported_version
-
     if unsupported_version() is not None:
         return  # the plugin logs why, and leaves this SGLang as it is
     from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices

@@ -1,0 +1,1 @@
+"""What both benchmark sides (bench, offline) share: the sampling discipline, synthetic queues, pass plans."""
