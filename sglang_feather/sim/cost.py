@@ -17,9 +17,9 @@ from sglang_feather.sim.profile import Profile
 # node is served from L2 when a request among the previous concurrent ones read the same node and the
 # distinct shared KV of that window fits in the usable L2; otherwise it comes from DRAM again. Private KV
 # (unique prompt tails and generated tokens) always comes from DRAM. Order inside the batch therefore
-# matters: the same requests grouped contiguously hit L2 where interleaved ones miss. DRAM reads run at the
-# measured streaming rate; L2-served reads at the attention kernel's share of the measured L2 bandwidth
-# (`KVSplit.l2_streaming`), since decode kernels stream L2-resident KV far below it.
+# matters: the same requests grouped contiguously hit L2 where interleaved ones miss. The attention's time is
+# the DRAM-served bytes at the measured DRAM rate or all of its bytes at the kernel's share of the measured L2
+# bandwidth (`KVSplit.l2_streaming`: decode kernels stream L2-resident KV far below it), whichever is slower.
 
 BatchNodes = Sequence[Sequence[tuple[Hashable, int]]]
 """Per request in batch order: its shared prefix nodes as (node key, tokens)."""
@@ -136,11 +136,13 @@ class PhysicsCostModel:
         return max(self.weight_bytes / self._hbm(), 2 * self._m("num_params") * batch_size / self._flops())
 
     def attention_s(self, kv: KVSplit) -> float:
-        """A decode step's attention reads over every layer: DRAM-served at the DRAM rate, L2-served at the
-        kernel's share of L2 bandwidth."""
+        """A decode step's attention reads over every layer: the DRAM-served bytes at the DRAM rate or every
+        byte at the kernel's share of L2 bandwidth, whichever is slower (the kernel streams at most that
+        fast from anywhere, and an L2 hit never costs more than a DRAM read)."""
         per_token = self.kv_bytes_per_token_layer * self._m("num_layers")
-        l2_rate = kv.l2_streaming * self._g("decode_attention.l2_bandwidth")
-        return kv.dram_tokens * per_token / self._hbm() + kv.l2_tokens * per_token / l2_rate
+        stream_rate = kv.l2_streaming * self._g("decode_attention.l2_bandwidth")
+        dram_s = kv.dram_tokens * per_token / self._hbm()
+        return max(dram_s, (kv.dram_tokens + kv.l2_tokens) * per_token / stream_rate)
 
     def decode_s(self, batch_size: int, kv: KVSplit) -> float:
         if batch_size == 0:

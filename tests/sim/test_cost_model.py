@@ -11,7 +11,8 @@ from sglang_feather.sim.cost import KVSplit
 def test_decode_is_monotone_in_kv_bytes_and_batch(cost):
     base = cost.decode_s(8, KVSplit(10_000, 0))
     assert cost.decode_s(8, KVSplit(20_000, 0)) > base
-    assert cost.decode_s(8, KVSplit(10_000, 5_000)) > base
+    assert cost.decode_s(8, KVSplit(10_000, 5_000)) >= base  # free while the DRAM reads are the slower part
+    assert cost.decode_s(8, KVSplit(10_000, 50_000)) > base
     assert cost.decode_s(9, KVSplit(10_000, 0)) > base
     assert cost.decode_s(8, KVSplit(5_000, 5_000)) < base
 
