@@ -31,6 +31,12 @@ def _pipeline(config):
     config.parallel_config.pipeline_parallel_size = 2
 
 
+def _cache_aware(config):
+    if not hasattr(config.scheduler_config, "cache_aware_admission_window"):
+        pytest.skip("vLLM before 0.34 has no cache-aware admission")
+    config.scheduler_config.cache_aware_admission_window = 8
+
+
 @pytest.mark.parametrize(
     ("shape", "mutate", "hint"),
     [
@@ -39,8 +45,9 @@ def _pipeline(config):
         (EngineShape(enable_prefix_caching=False), None, "--enable-prefix-caching"),
         (EngineShape(), _kv_connector, "kv_holding_waiting"),
         (EngineShape(), _pipeline, "--pipeline-parallel-size 1"),
+        (EngineShape(), _cache_aware, "--cache-aware-admission-window"),
     ],
-    ids=["async", "priority", "no-prefix-caching", "kv-connector", "pipeline-parallel"],
+    ids=["async", "priority", "no-prefix-caching", "kv-connector", "pipeline-parallel", "cache-aware"],
 )
 def test_unsupported_features_are_refused_at_construction(shape, mutate, hint):
     config = vllm_config(shape)
@@ -119,20 +126,20 @@ def test_this_run_tests_the_expected_supported_vllm(expected_vllm_version):
         assert vllm.__version__ == expected_vllm_version
 
 
-@pytest.mark.parametrize("version", ["0.31.2", "0.34.0", "1.0.0", "0.3.3"])
+@pytest.mark.parametrize("version", ["0.31.2", "0.35.0", "1.0.0", "0.3.3"])
 def test_an_unsupported_vllm_version_is_refused_naming_the_supported_ones(version):
     with pytest.raises(
-        UnsupportedVllmVersion, match=r"supports vLLM 0\.32\.x and 0\.33\.x, but vLLM " + version
+        UnsupportedVllmVersion, match=r"supports vLLM 0\.32\.x, 0\.33\.x and 0\.34\.x, but vLLM " + version
     ):
         check_vllm_version(version)
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.33.0", "0.33.1"])
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.33.0", "0.33.1", "0.34.0"])
 def test_supported_vllm_versions_pass(version):
     check_vllm_version(version)
 
 
 def test_the_scheduler_checks_the_installed_version_at_construction(monkeypatch):
-    monkeypatch.setattr(vllm, "__version__", "0.34.0")
-    with pytest.raises(UnsupportedVllmVersion, match='pip install "vllm>=0.32,<0.34"'):
+    monkeypatch.setattr(vllm, "__version__", "0.35.0")
+    with pytest.raises(UnsupportedVllmVersion, match='pip install "vllm>=0.32,<0.35"'):
         make_scheduler(FeatherScheduler, EngineShape())

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
+import importlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
+import vllm
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
@@ -20,6 +25,9 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
+
+_HAS_REQ_ID_TO_INDEX = "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}
+"""vLLM 0.34 dropped ModelRunnerOutput.req_id_to_index (the scheduler indexes req_ids itself)."""
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "models" / "tiny-llama"
@@ -67,16 +75,26 @@ def vllm_config(shape: EngineShape) -> VllmConfig:
     )
     cache_config = CacheConfig(block_size=shape.block_size, enable_prefix_caching=shape.enable_prefix_caching)
     additional = {} if shape.feather is None else {"feather": dict(shape.feather)}
-    config = VllmConfig(
-        model_config=_model_config(shape.max_model_len),
-        scheduler_config=scheduler_config,
-        cache_config=cache_config,
-        additional_config=additional,
-    )
+    with _cpu_platform_without_triton():
+        config = VllmConfig(
+            model_config=_model_config(shape.max_model_len),
+            scheduler_config=scheduler_config,
+            cache_config=cache_config,
+            additional_config=additional,
+        )
     config.cache_config.num_gpu_blocks = (
         shape.num_blocks
     )  # normally set by the KV-cache profiling of a worker
     return config
+
+
+def _cpu_platform_without_triton() -> contextlib.AbstractContextManager:
+    """vLLM 0.34's CPU platform refuses a config on x86 without triton-cpu (`CpuPlatform.check_and_update_config`:
+    "vLLM on x86 CPUs requires Triton"); the harness runs no kernel, so it lets the config through. Only that
+    check's own late `from vllm.triton_utils import HAS_TRITON` sees the patch, for the config's construction."""
+    if vllm.__version__.startswith(("0.32.", "0.33.")):
+        return contextlib.nullcontext()
+    return mock.patch.object(importlib.import_module("vllm.triton_utils"), "HAS_TRITON", True)
 
 
 def make_scheduler(cls: type[Scheduler], shape: EngineShape, config: VllmConfig | None = None, **kwargs: Any):
@@ -159,11 +177,10 @@ class Driver:
             request = self.scheduler.requests[request_id]
             done_prefill = request.num_computed_tokens >= request.num_tokens
             sampled.append([SAMPLED_TOKEN] if done_prefill else [])
-        runner_output = ModelRunnerOutput(
-            req_ids=request_ids,
-            req_id_to_index={request_id: i for i, request_id in enumerate(request_ids)},
-            sampled_token_ids=sampled,
+        index = (
+            {"req_id_to_index": {rid: i for i, rid in enumerate(request_ids)}} if _HAS_REQ_ID_TO_INDEX else {}
         )
+        runner_output = ModelRunnerOutput(req_ids=request_ids, sampled_token_ids=sampled, **index)
         live = {request_id: self.scheduler.requests[request_id] for request_id in request_ids}
         if self.clock is not None:
             self.clock.now += self.step_s
@@ -203,8 +220,9 @@ def computed_ranges(output: SchedulerOutput) -> dict[str, tuple[int, int]]:
 
 def admitted_ids(output: SchedulerOutput) -> list[str]:
     """Requests that entered the running batch in this step (new ones and resumed preempted ones), in order."""
+    # vLLM 0.34 sends a resumed request in full among the new ones (CachedRequestData lost resumed_req_ids).
     return [r.req_id for r in output.scheduled_new_reqs] + sorted(
-        output.scheduled_cached_reqs.resumed_req_ids
+        getattr(output.scheduled_cached_reqs, "resumed_req_ids", ())
     )
 
 
