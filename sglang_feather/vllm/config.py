@@ -136,7 +136,14 @@ REFUSALS: dict[str, Refusal] = {
     "kv_connector": Refusal(
         lambda cfg: cfg.kv_transfer_config is not None,
         "a KV connector (--kv-transfer-config: P/D disaggregation, KV offloading) is set: its requests load KV "
-        "asynchronously from vLLM's kv_holding_waiting queue, which Feather does not order or track.",
+        "asynchronously from vLLM's kv_holding_waiting queue (and, in vLLM 0.34, its async_kv_waiting queue "
+        "with parked block reservations), which Feather does not order or track.",
+    ),
+    "inflight_kv_loads": Refusal(
+        lambda cfg: getattr(cfg.scheduler_config, "max_num_inflight_kv_loads", None) is not None,
+        "--max-num-inflight-kv-loads (vLLM 0.34+) is set: it starts async KV loads from vLLM's async_kv_waiting "
+        "queue while the batch is full and reserves blocks for the parked requests, which Feather neither orders "
+        "nor counts in its capacity estimate. Leave it unset.",
     ),
     "cache_aware_admission": Refusal(
         lambda cfg: getattr(cfg.scheduler_config, "cache_aware_admission_window", 0) > 0,
