@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import importlib
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from unittest import mock
 
 import torch
 import vllm
+from vllm import triton_utils
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
@@ -115,7 +115,7 @@ def _cpu_platform_without_triton() -> contextlib.AbstractContextManager:
     check's own late `from vllm.triton_utils import HAS_TRITON` sees the patch, for the config's construction."""
     if vllm.__version__.startswith(("0.32.", "0.33.")):
         return contextlib.nullcontext()
-    return mock.patch.object(importlib.import_module("vllm.triton_utils"), "HAS_TRITON", True)
+    return mock.patch.object(triton_utils, "HAS_TRITON", True)
 
 
 def make_scheduler(cls: type[Scheduler], shape: EngineShape, config: VllmConfig, **kwargs: Any) -> Any:
