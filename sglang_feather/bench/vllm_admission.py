@@ -171,7 +171,10 @@ def markdown(result: dict) -> str:
         lines += ["", *verdicts(result["summary"]), ""]
         lines += [f"- {name}: {text}" for name, text in meta["definitions"].items()]
     if result["cpu"]:
-        lines += ["", *header(["waiting", "policy", "CPU/step µs", "runs µs", "KV usage"], num_left=2)]
+        lines += [
+            "",
+            *header(["waiting", "policy", "CPU/step µs", "runs µs", "KV usage", "running"], num_left=2),
+        ]
         for c in result["cpu"]:
             runs = " / ".join(f"{us:.0f}" for us in c["runs_us"])
             lines.append(
@@ -182,6 +185,7 @@ def markdown(result: dict) -> str:
                         f"{c['cpu_per_step_us']:.0f}",
                         runs,
                         f"{c['kv_usage']:.2f}",
+                        f"{c['num_running']:.0f}",
                     ]
                 )
             )

@@ -154,6 +154,8 @@ class CpuPerStep:
     runs_us: tuple[float, ...]
     kv_usage: float
     """vLLM's KV-cache usage in the measured steps (the window engages at 0.5 and above)."""
+    num_running: float
+    """Running requests in the measured steps (the batch holds at most 32)."""
 
 
 CPU_SHAPE = EngineShape(
@@ -169,18 +171,20 @@ def cpu_per_step(
     batch fills up; requests in 64 groups of 512-token prefixes with a 32-token question and 400 output
     tokens. Median of `repeats` runs' per-step medians."""
     runs = [_cpu_run(policy_name, num_waiting, model_dir, num_steps) for _ in range(repeats)]
-    medians = tuple(us for us, _ in runs)
-    usage = statistics.fmean(u for _, u in runs)
-    return CpuPerStep(policy_name, num_waiting, statistics.median(medians), medians, usage)
+    medians = tuple(us for us, _, _ in runs)
+    usage = statistics.fmean(u for _, u, _ in runs)
+    running = statistics.fmean(n for _, _, n in runs)
+    return CpuPerStep(policy_name, num_waiting, statistics.median(medians), medians, usage, running)
 
 
 def _cpu_run(
     policy_name: str, num_waiting: int, model_dir: Path | str, num_steps: int
-) -> tuple[float, float]:
-    """One run's median scheduler CPU per step (µs) and mean KV usage over the measured steps."""
+) -> tuple[float, float, float]:
+    """One run's median scheduler CPU per step (µs), mean KV usage and mean running requests over the measured
+    steps."""
     driver = build(policy_name, CPU_SHAPE, model_dir, num_waiting)
     added = itertools.count()
-    usages = []
+    usages, running = [], []
     for step in range(20 + num_steps):
         if step == 20:
             driver.cpu_ns.clear()
@@ -190,4 +194,9 @@ def _cpu_run(
             driver.add(f"r{i}", concat_tokens(segments, high=TINY_VOCAB).tolist(), max_tokens=400)
         driver.step()
         usages.append(driver.scheduler.kv_cache_manager.usage)
-    return statistics.median(driver.cpu_ns) / 1e3, statistics.fmean(usages[20:])
+        running.append(len(driver.scheduler.running))
+    return (
+        statistics.median(driver.cpu_ns) / 1e3,
+        statistics.fmean(usages[20:]),
+        statistics.fmean(running[20:]),
+    )
