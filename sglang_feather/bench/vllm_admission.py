@@ -50,6 +50,8 @@ def run(
     from sglang_feather.offline import vllm_admission as harness
     from sglang_feather.offline.vllm_workloads import STEP_S, WORKLOADS
 
+    for policy in policies:  # a policy this vLLM cannot run is refused before any run starts
+        harness.build(policy, harness.CPU_SHAPE, model, num_requests=1)
     started, load_before = time.time(), os.getloadavg()
     runs = []
     for workload in workloads:
