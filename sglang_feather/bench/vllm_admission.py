@@ -15,6 +15,8 @@ from pathlib import Path
 from sglang_feather.bench.cli_types import add_json_flag, int_list, publish, seed_list
 from sglang_feather.bench.markdown import header, row
 from sglang_feather.bench.report import machine_line, run_meta
+from sglang_feather.bench.vllm_workloads import WORKLOADS
+from sglang_feather.offline.vllm_inputs import STEP_S
 
 DEFINITIONS = {
     "hit rate": "tokens vLLM's prefix cache gave the admitted requests / tokens of their sequences at admission "
@@ -48,7 +50,6 @@ def run(
     import vllm
 
     from sglang_feather.offline import vllm_admission as harness
-    from sglang_feather.offline.vllm_workloads import STEP_S, WORKLOADS
 
     for policy in policies:  # a policy this vLLM cannot run is refused before any run starts
         harness.build(policy, harness.CPU_SHAPE, model, num_requests=1)
@@ -58,7 +59,14 @@ def run(
         for seed in seeds:
             for policy in policies:
                 t0 = time.perf_counter()
-                result = harness.run(policy, workload, seed, model)
+                result = harness.run(
+                    policy,
+                    WORKLOADS[workload].replay(seed),
+                    WORKLOADS[workload].engine,
+                    model,
+                    workload=workload,
+                    seed=seed,
+                )
                 runs.append({**asdict(result), "hit_rate": result.hit_rate})
                 print(
                     f"[vllm-admission] {workload} seed {seed} {policy}: {result.num_steps} steps, "
@@ -239,7 +247,6 @@ def main(args: argparse.Namespace) -> int:
     # vLLM's CUDA wheels (0.33, 0.34 here) cannot infer a device without it; the harness runs no kernel.
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     from sglang_feather.offline.vllm_admission import POLICIES
-    from sglang_feather.offline.vllm_workloads import WORKLOADS
 
     _check_names("policy", args.policies, POLICIES)
     _check_names("workload", args.workloads, WORKLOADS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -21,9 +21,8 @@ from sglang_feather.offline.vllm_harness import (
     make_scheduler,
     vllm_config,
 )
+from sglang_feather.offline.vllm_inputs import STEP_S, TINY_VOCAB, ReplayRequest
 from sglang_feather.offline.vllm_metrics import RunMeter, RunResult
-from sglang_feather.offline.vllm_workloads import STEP_S, TINY_VOCAB, WORKLOADS, steps
-from sglang_feather.sim.trace import TokenSource
 from sglang_feather.vllm import FeatherScheduler
 from sglang_feather.workload import Segment, concat_tokens
 
@@ -33,9 +32,9 @@ from sglang_feather.workload import Segment, concat_tokens
 # cache_aware_admission_window (16, or the workload's request count: wider than any queue it can build) and
 # cache_aware_admission_threshold 0.5 and run vLLM's unmodified Scheduler, so `Scheduler.schedule` reorders
 # the first N plain-waiting requests by their deepest cached prefix once the KV cache is at least half used.
-# `run` replays a workload in steps: requests are added at their arrival step (a chat turn `delay_s` after the
-# previous turn finished), each step is one schedule() answered by the fake model runner, and idle stretches
-# are skipped without a step. `cpu_per_step` keeps `num_waiting` requests queued behind a running batch that
+# `run` replays a workload in steps: requests are added at their arrival step (a chat turn `delay_steps` after
+# the previous turn finished), each step is one schedule() answered by the fake model runner, and idle
+# stretches are skipped without a step. `cpu_per_step` keeps `num_waiting` requests queued behind a running batch that
 # holds most of the KV pool and measures the steps' scheduler CPU.
 
 WHOLE_QUEUE = -1
@@ -104,18 +103,23 @@ def build(policy_name: str, shape: EngineShape, model_dir: Path | str, num_reque
 
 
 def run(
-    policy_name: str, workload_name: str, seed: int, model_dir: Path | str, max_steps: int = 50_000
+    policy_name: str,
+    requests: Sequence[ReplayRequest],
+    engine: EngineShape,
+    model_dir: Path | str,
+    *,
+    workload: str = "",
+    seed: int = 0,
+    max_steps: int = 50_000,
 ) -> RunResult:
-    """Replay the workload under the policy; every request must finish within `max_steps` steps."""
-    workload = WORKLOADS[workload_name]
-    requests = workload.requests(seed)
-    driver = build(policy_name, workload.engine, model_dir, len(requests))
-    meter = RunMeter(driver.scheduler, workload.engine.block_size)
+    """Replay `requests` under the policy on `engine`; every request must finish within `max_steps` steps.
+    `workload` and `seed` only label the result."""
+    driver = build(policy_name, engine, model_dir, len(requests))
+    meter = RunMeter(driver.scheduler, engine.block_size)
     driver.on_scheduled = meter.on_scheduled
-    tokens = TokenSource(vocab_size=TINY_VOCAB)
     followers = {r.follows: r for r in requests if r.follows is not None}
     order = itertools.count()
-    due = [(steps(r.arrival_s), next(order), r) for r in requests if r.follows is None]
+    due = [(r.arrival_step, next(order), r) for r in requests if r.follows is None]
     heapq.heapify(due)
     num_finished = 0
     while due or driver.busy():
@@ -123,25 +127,19 @@ def run(
             meter.step = max(meter.step, due[0][0])
         while due and due[0][0] <= meter.step:
             request = heapq.heappop(due)[2]
-            answer = None if request.output_key is None else Segment(request.output_key, request.output_len)
-            driver.add(
-                request.rid,
-                tokens.prompt(request).tolist(),
-                max_tokens=request.output_len,
-                output_ids=None if answer is None else tokens.segment(answer).tolist(),
-            )
+            driver.add(request.rid, request.prompt_ids, request.max_tokens, output_ids=request.output_ids)
             meter.on_arrival(request.rid)
         if meter.step >= max_steps:
-            raise RuntimeError(f"{policy_name} on {workload_name}: unfinished after {max_steps} steps")
+            raise RuntimeError(f"{policy_name} on {workload}: unfinished after {max_steps} steps")
         driver.clock.now = 1000.0 + meter.step * STEP_S
         driver.step()
         meter.step += 1
         for request_id in itertools.islice(driver.finished, num_finished, None):
             follower = followers.get(request_id)
             if follower is not None:
-                heapq.heappush(due, (meter.step + steps(follower.delay_s), next(order), follower))
+                heapq.heappush(due, (meter.step + follower.delay_steps, next(order), follower))
         num_finished = len(driver.finished)
-    return meter.result(policy_name, workload_name, seed, driver.cpu_ns)
+    return meter.result(policy_name, workload, seed, driver.cpu_ns)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,8 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
+
+from sglang_feather.offline.vllm_inputs import EngineShape
 
 # How it works.
 #
@@ -51,26 +53,6 @@ class StepLimitExceeded(RuntimeError):
 
 class UnsupportedSchedulerOption(ValueError):
     """The installed vLLM's SchedulerConfig has no field of that name (e.g. a 0.34 option on 0.32)."""
-
-
-@dataclass(frozen=True)
-class EngineShape:
-    block_size: int = 16
-    num_blocks: int = 256
-    max_num_seqs: int = 8
-    max_num_batched_tokens: int = 256
-    max_model_len: int = 512
-    enable_prefix_caching: bool = True
-    long_prefill_token_threshold: int = 0
-    """vLLM's cap on one prefill chunk (0: none); with it a long prompt is prefilled over several steps."""
-    policy: str = "fcfs"
-    feather: Mapping[str, Any] | None = None
-    """The `additional_config["feather"]` section; None leaves it out."""
-    num_kv_cache_groups: int = 1
-    """Full-attention KV-cache groups (layers with their own blocks); more than one makes vLLM's cache hybrid."""
-    scheduler_options: Mapping[str, Any] = field(default_factory=dict)
-    """Further SchedulerConfig fields, e.g. vLLM 0.34's cache_aware_admission_window; a field the installed
-    vLLM lacks raises UnsupportedSchedulerOption."""
 
 
 @functools.lru_cache(maxsize=2)

@@ -8,11 +8,12 @@ import vllm
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm_harness import Driver, EngineShape, make_scheduler, prompt, require_model
 
+from sglang_feather.bench import vllm_workloads
 from sglang_feather.bench.__main__ import main as bench_main
+from sglang_feather.bench.vllm_workloads import WORKLOADS, KvLimitedWorkload
 from sglang_feather.offline import vllm_admission
 from sglang_feather.offline.vllm_admission import POLICIES, PolicyUnavailable, build
 from sglang_feather.offline.vllm_metrics import RunMeter
-from sglang_feather.offline.vllm_workloads import WORKLOADS, KvLimitedWorkload
 from sglang_feather.sim.workloads import WorkloadConfig
 from sglang_feather.workload import SharedPrefixSpec
 
@@ -120,11 +121,13 @@ TINY = {
 
 
 @pytest.mark.parametrize("workload", sorted(TINY))
-def test_every_policy_finishes_every_request_of_each_workload(monkeypatch, workload):
-    monkeypatch.setitem(vllm_admission.WORKLOADS, workload, TINY[workload])
-    requests = TINY[workload].requests(0)
+def test_every_policy_finishes_every_request_of_each_workload(workload):
+    tiny = TINY[workload]
+    requests = tiny.requests(0)
     policies = [name for name in POLICIES if HAS_WINDOW or not POLICIES[name].window]
-    results = {name: vllm_admission.run(name, workload, 0, require_model()) for name in policies}
+    results = {
+        name: vllm_admission.run(name, tiny.replay(0), tiny.engine, require_model()) for name in policies
+    }
     for name, result in results.items():
         assert result.num_requests == len(requests), name
         assert 0 < result.hit_rate < 1, name
@@ -137,7 +140,6 @@ def test_every_policy_finishes_every_request_of_each_workload(monkeypatch, workl
 
 
 def test_a_chat_turn_arrives_after_the_previous_one_finished(monkeypatch):
-    monkeypatch.setitem(vllm_admission.WORKLOADS, "chat", TINY["chat"])
     seen = {}
     original = RunMeter.on_arrival
 
@@ -146,15 +148,16 @@ def test_a_chat_turn_arrives_after_the_previous_one_finished(monkeypatch):
         original(self, request_id)
 
     monkeypatch.setattr(RunMeter, "on_arrival", on_arrival)
-    vllm_admission.run("feather", "chat", 0, require_model())
-    for request in TINY["chat"].requests(0):
+    tiny = TINY["chat"]
+    vllm_admission.run("feather", tiny.replay(0), tiny.engine, require_model())
+    for request in tiny.requests(0):
         if request.follows is not None:
             assert request.follows in seen[request.rid][1], f"{request.rid} came before {request.follows} ran"
             assert seen[request.rid][0] >= seen[request.follows][0] + 4, "0.2 s of think time = 4 steps"
 
 
 def test_the_cli_writes_the_table_and_the_json(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(vllm_admission.WORKLOADS, "chat", TINY["chat"])
+    monkeypatch.setitem(vllm_workloads.WORKLOADS, "chat", TINY["chat"])
     out = tmp_path / "admission.json"
     argv = ["vllm-admission", "--model", str(require_model()), "--policies", "vllm-fcfs,feather"]
     argv += ["--workloads", "chat", "--seeds", "0,1", "--cpu-waiting", "8", "--cpu-repeats", "1"]
@@ -181,7 +184,7 @@ def test_the_cli_refuses_an_unknown_policy_naming_the_known_ones():
 def test_the_cli_checks_every_policy_before_it_runs_any(monkeypatch):
     """On vLLM 0.32/0.33 the default policies include the windows: refused before a single run, naming the
     field; on 0.34 every default policy runs."""
-    monkeypatch.setitem(vllm_admission.WORKLOADS, "chat", TINY["chat"])
+    monkeypatch.setitem(vllm_workloads.WORKLOADS, "chat", TINY["chat"])
     ran = []
     original = vllm_admission.run
 

@@ -5,17 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from sglang_feather.offline.vllm_harness import EngineShape
-from sglang_feather.sim.trace import SimRequest
+from sglang_feather.offline.vllm_inputs import STEP_S, TINY_VOCAB, EngineShape, ReplayRequest
+from sglang_feather.sim.trace import SimRequest, TokenSource
 from sglang_feather.sim.workloads import WorkloadConfig, make_workload
-from sglang_feather.workload import SharedPrefixSpec
-
-STEP_S = 0.05
-"""Seconds one harness step stands for (the order of a GPU step with a prefill in it): arrival times, think
-times and Feather's clock (its aging bound, max_wait_s) advance by this much per step."""
-
-TINY_VOCAB = 1024
-"""Token ids stay below the tiny model's vocabulary (models/tiny-llama)."""
+from sglang_feather.workload import Segment, SharedPrefixSpec
 
 
 @dataclass(frozen=True)
@@ -31,6 +24,24 @@ class KvLimitedWorkload:
 
     def requests(self, seed: int) -> list[SimRequest]:
         return make_workload(self.generator, self.config.with_spec(seed=seed))
+
+    def replay(self, seed: int) -> list[ReplayRequest]:
+        """The requests with their tokens, a chat turn's answer as what the fake model samples, times in steps."""
+        tokens = TokenSource(vocab_size=TINY_VOCAB)
+        return [
+            ReplayRequest(
+                r.rid,
+                tokens.prompt(r).tolist(),
+                None
+                if r.output_key is None
+                else tokens.segment(Segment(r.output_key, r.output_len)).tolist(),
+                r.output_len,
+                steps(r.arrival_s),
+                r.follows,
+                steps(r.delay_s),
+            )
+            for r in self.requests(seed)
+        ]
 
 
 def steps(seconds: float) -> int:
