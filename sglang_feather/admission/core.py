@@ -269,7 +269,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
             return self._locks_new_prefix(candidate)
         group = self.tree.prefix_hash(candidate.request_id)
         return self.concentration.holds_back(
-            candidate, self._counted_footprint(), group, room, early=pick.is_aged
+            candidate, self._counted_footprint(), group, room, self.tree, early=pick.is_aged
         )
 
     def _closed_to(self, candidate: Candidate) -> bool:
@@ -283,7 +283,7 @@ class Admission(Lifecycle, TreeViews, LearningHooks, Planning):
         if self.concentration is None:
             return False
         group = self.tree.prefix_hash(candidate.request_id)
-        return self.concentration.locks_new_prefix(candidate, self._counted_footprint(), group)
+        return self.concentration.locks_new_prefix(candidate, self._counted_footprint(), group, self.tree)
 
     def hold_back(self, proposal: Proposal) -> None:
         """Pass over a request the concentration rule held back, until the pass ends; the pass goes on, closed

@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sglang_feather.bench import adapter, chunk_size, events, grouped_attention, overhead, soak
+from sglang_feather.bench import (
+    adapter,
+    chunk_size,
+    events,
+    grouped_attention,
+    overhead,
+    soak,
+    vllm_admission,
+)
 
 SUBCOMMANDS = {
     "overhead": overhead,
@@ -14,6 +22,7 @@ SUBCOMMANDS = {
     "events": events,
     "soak": soak,
     "grouped-attention": grouped_attention,
+    "vllm-admission": vllm_admission,
 }
 """Subcommand -> module providing `add_arguments(parser)` and `main(args) -> int` (its docstring is the help)."""
 

@@ -10,11 +10,16 @@ from pathlib import Path
 from sglang_feather.measure.workloads import WORKLOADS
 
 
-def int_list(text: str) -> tuple[int, ...]:
+def seed_list(text: str) -> tuple[int, ...]:
+    """Comma-separated integers, any sign."""
     try:
-        values = tuple(int(x) for x in text.split(","))
+        return tuple(int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    values = seed_list(text)
     if any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"values must be >= 1, got {text!r}")
     return values

@@ -198,21 +198,22 @@ def read_table(result: dict) -> list[str]:
     return lines
 
 
-def run_meta(started: float, load_before: tuple[float, float, float]) -> dict:
-    """What every benchmark's report starts from: versions, CPUs, load around the run, its wall time."""
+def run_meta(
+    started: float, load_before: tuple[float, float, float], engines: dict[str, str] | None = None
+) -> dict:
+    """What every benchmark's report starts from: versions, CPUs, load around the run, its wall time.
+    `engines`: engine name -> version (default SGLang's and torch's, imported here)."""
     import os
     import platform
     import time
 
-    import sglang
-    import torch
+    if engines is None:
+        import sglang
+        import torch
 
+        engines = {"sglang": sglang.__version__, "torch": torch.__version__}
     return {
-        "versions": {
-            "sglang": sglang.__version__,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-        },
+        "versions": {**engines, "python": platform.python_version()},
         "cpu_count": os.cpu_count(),
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
@@ -223,11 +224,15 @@ def run_meta(started: float, load_before: tuple[float, float, float]) -> dict:
 
 def machine_line(meta: dict) -> str:
     """Versions, CPUs and load around the run, from a benchmark's `meta` (the start of its report)."""
-    v = meta["versions"]
+    versions = ", ".join(f"{ENGINE_NAMES.get(name, name)} {v}" for name, v in meta["versions"].items())
     return (
-        f"SGLang {v['sglang']}, torch {v['torch']}, Python {v['python']}, {meta['cpu_count']} CPUs, "
+        f"{versions}, {meta['cpu_count']} CPUs, "
         f"load average {meta['loadavg_before'][0]:.2f} before / {meta['loadavg_after'][0]:.2f} after"
     )
+
+
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "python": "Python"}
+"""How `machine_line` spells a version's name (others as they are)."""
 
 
 def overhead_markdown(result: dict) -> str:

@@ -111,6 +111,12 @@ class NativeTree(_core.Core, TakesPicks):
         handle = self._handle(request_id)
         return self._num_holding(handle, checked_depth(request_id, depth, 0, self._num_chunks(handle)))
 
+    def num_waiting_holding(self, request_id: RequestId, depth: int) -> int:
+        handle = self._handle(request_id)
+        return self._num_waiting_holding(
+            handle, checked_depth(request_id, depth, 0, self._num_chunks(handle))
+        )
+
     def shares_prefix(self, request_id: RequestId, other_id: RequestId, depth: int) -> bool:
         handle, other = self._handle(request_id), self._handle(other_id)
         depth = checked_share_depth(depth)

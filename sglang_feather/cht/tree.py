@@ -166,6 +166,13 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
         depth = checked_depth(request_id, depth, 0, len(path))
         return path[depth - 1].num_active if depth > 0 else len(self._active)
 
+    def num_waiting_holding(self, request_id: RequestId, depth: int) -> int:
+        """Waiting requests (suspended ones and this one included) that hold the first `depth` chunks of this
+        request's prompt (0: every waiting request); `InvalidDepth` unless 0 <= depth <= its chunks."""
+        path = self._get(request_id).path
+        depth = checked_depth(request_id, depth, 0, len(path))
+        return path[depth - 1].num_waiting if depth > 0 else self.num_waiting
+
     def shares_prefix(self, request_id: RequestId, other_id: RequestId, depth: int) -> bool:
         """Whether two requests have the same first `depth` chunks (False when either has fewer);
         `InvalidDepth` for a negative depth."""

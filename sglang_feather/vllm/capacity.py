@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import vllm
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
@@ -31,6 +32,10 @@ from sglang_feather.types import RequestId
 # retracts a planned request that vLLM did not admit.
 
 
+_CAP_ONLY_WHEN_CHUNKED = not vllm.__version__.startswith(("0.32.", "0.33."))
+"""vLLM 0.34 applies long_prefill_token_threshold only with chunked prefill on (`Scheduler.schedule`)."""
+
+
 class CapacityEstimate:
     def __init__(
         self, scheduler: Scheduler, reserve: Callable[[Sequence[bytes], int, int], None] | None = None
@@ -45,7 +50,8 @@ class CapacityEstimate:
         """Hashes of blocks vLLM will have cached (at allocation) before it looks the next candidate up."""
         num_eligible = len(scheduler.running) + len(scheduler.waiting)
         config = scheduler.scheduler_config
-        self._long_prefill = config.long_prefill_token_threshold if num_eligible > 1 else 0
+        capped = num_eligible > 1 and (config.enable_chunked_prefill or not _CAP_ONLY_WHEN_CHUNKED)
+        self._long_prefill = config.long_prefill_token_threshold if capped else 0
         self._chunked_prefill = config.enable_chunked_prefill
         self.num_tokens_left = scheduler.max_num_scheduled_tokens
         self.num_blocks_left = self._pool.get_num_free_blocks() - scheduler.kv_cache_manager.watermark_blocks
@@ -101,10 +107,11 @@ class CapacityEstimate:
         return self._num_hit_blocks(self._scheduler.requests[request_id]) * self._block_size
 
     def _num_hit_blocks(self, request) -> int:
-        """vLLM never matches a whole prompt: its last token is always computed."""
-        return min(
-            self._num_cached_blocks(request.block_hashes), (request.num_tokens - 1) // self._block_size
-        )
+        """vLLM never matches a whole prompt: its last token is always computed (vLLM 0.34 also bounds the hit
+        of a request with prompt logprobs or skip_reading_prefix_cache: `Request.get_max_cache_hit_length`)."""
+        limit = getattr(request, "get_max_cache_hit_length", None)
+        max_hit = limit() if limit is not None else request.num_tokens - 1
+        return min(self._num_cached_blocks(request.block_hashes), max_hit // self._block_size)
 
     def _will_register(self, block_hashes: Sequence[bytes], start: int, end: int) -> None:
         """vLLM registers these blocks when it allocates them, before it looks the next candidate up (blocks

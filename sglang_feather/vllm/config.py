@@ -13,8 +13,8 @@ OPTIONS_KEY = "feather"
 """`--additional-config '{"feather": {"stopper": "ucb", "max_wait_s": 60}}'`."""
 
 
-SUPPORTED_VLLM_MINORS = ("0.32", "0.33")
-"""vLLM minor versions whose scheduler internals FeatherScheduler is tested against (tests/vllm runs on both)."""
+SUPPORTED_VLLM_MINORS = ("0.32", "0.33", "0.34")
+"""vLLM minor versions whose scheduler internals FeatherScheduler is tested against (tests/vllm runs on each)."""
 
 
 class UnsupportedVllmConfig(ValueError):
@@ -29,8 +29,9 @@ def check_vllm_version(version: str) -> None:
     """Raise UnsupportedVllmVersion unless `version` (vllm.__version__) is a supported minor release."""
     minor = ".".join(version.split("+", 1)[0].split(".")[:2])
     if minor not in SUPPORTED_VLLM_MINORS:
+        *others, last = (m + ".x" for m in SUPPORTED_VLLM_MINORS)
         raise UnsupportedVllmVersion(
-            f"FeatherScheduler supports vLLM {' and '.join(m + '.x' for m in SUPPORTED_VLLM_MINORS)}, but vLLM "
+            f"FeatherScheduler supports vLLM {', '.join(others)} and {last}, but vLLM "
             f"{version} is installed: vLLM's scheduler interface is not public and changes between minor "
             f'releases. Install a supported one (pip install "vllm>={SUPPORTED_VLLM_MINORS[0]},'
             f'<{_next_minor(SUPPORTED_VLLM_MINORS[-1])}") or run vLLM without --scheduler-cls.'
@@ -135,7 +136,20 @@ REFUSALS: dict[str, Refusal] = {
     "kv_connector": Refusal(
         lambda cfg: cfg.kv_transfer_config is not None,
         "a KV connector (--kv-transfer-config: P/D disaggregation, KV offloading) is set: its requests load KV "
-        "asynchronously from vLLM's kv_holding_waiting queue, which Feather does not order or track.",
+        "asynchronously from vLLM's kv_holding_waiting queue (and, in vLLM 0.34, its async_kv_waiting queue "
+        "with parked block reservations), which Feather does not order or track.",
+    ),
+    "inflight_kv_loads": Refusal(
+        lambda cfg: getattr(cfg.scheduler_config, "max_num_inflight_kv_loads", None) is not None,
+        "--max-num-inflight-kv-loads (vLLM 0.34+) is set: it starts async KV loads from vLLM's async_kv_waiting "
+        "queue while the batch is full and reserves blocks for the parked requests, which Feather neither orders "
+        "nor counts in its capacity estimate. Leave it unset.",
+    ),
+    "cache_aware_admission": Refusal(
+        lambda cfg: getattr(cfg.scheduler_config, "cache_aware_admission_window", 0) > 0,
+        "--cache-aware-admission-window (vLLM 0.34+) is set: vLLM would re-sort the requests Feather admits by "
+        "their cached prefix inside schedule() (Scheduler._reorder_waiting_by_cached_prefix), overriding "
+        "Feather's order, the aging bound's included. Feather already ranks by cached prefix; leave it at 0.",
     ),
     "pipeline_parallel": Refusal(
         lambda cfg: cfg.parallel_config.pipeline_parallel_size > 1,

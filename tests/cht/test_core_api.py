@@ -133,7 +133,7 @@ class Stream:
             )
             return name, (rid,), {}
         if choice == 19:
-            return rng.choice(["prefix_hash", "num_holding"]), (rid, self.depth()), {}
+            return rng.choice(["prefix_hash", "num_holding", "num_waiting_holding"]), (rid, self.depth()), {}
         if choice == 20:
             return "shares_prefix", (rid, self.rid(), self.depth()), {}
         if choice == 21:
@@ -227,6 +227,8 @@ BAD_INPUT = {
     "num_holding negative": (lambda t: t.num_holding("w", -1), InvalidDepth),
     "num_holding not an int": (lambda t: t.num_holding("w", 1.0), InvalidDepth),
     "num_holding a str": (lambda t: t.num_holding("w", "1"), InvalidDepth),
+    "num_waiting_holding above": (lambda t: t.num_waiting_holding("w", 4), InvalidDepth),
+    "num_waiting_holding negative": (lambda t: t.num_waiting_holding("w", -1), InvalidDepth),
     "shares_prefix negative": (lambda t: t.shares_prefix("w", "a", -1), InvalidDepth),
     "shares_prefix not an int": (lambda t: t.shares_prefix("w", "a", 1.5), InvalidDepth),
     "shares_prefix None": (lambda t: t.shares_prefix("w", "a", None), InvalidDepth),
@@ -313,6 +315,9 @@ def test_depths_at_the_edges_are_answered_alike(tree_cls):
     tree.insert("a", [1, 2, 7])
     tree.activate("a")
     assert [tree.num_holding("w", d) for d in range(4)] == [1, 1, 0, 0]
+    tree.insert("v", [1, 2, 3, 9])
+    assert [tree.num_waiting_holding("w", d) for d in range(4)] == [2, 2, 1, 1]
+    tree.remove("v")
     assert [tree.shares_prefix("w", "a", d) for d in (0, 1, 2, 3, 10**30)] == [
         True,
         True,

@@ -84,6 +84,28 @@ def test_a_new_prefix_waits_while_the_running_groups_need_the_room():
     assert run_pass(adm, pool) == ("b0", "b1"), "with no running group's request waiting, B enters"
 
 
+def test_a_cached_prompt_nothing_else_waiting_shares_is_not_held_back():
+    """A chat turn: its own history is cached beyond the running group's prefix, and no other waiting request
+    shares it. It costs its prompt whenever it runs, so holding it back only lets its history be evicted."""
+    adm, pool, _ = make(capacity=100)
+    warm_up(adm, pool)
+    history = GROUP_A + [6] * 8 + [40] * 24  # w1's prompt, then its answer and the next question
+    adm.cache_stored(_chain(adm, history))
+    adm.enqueue("turn2", history + [41] * 4)
+    adm.enqueue("a3", GROUP_A + [9] * 8)
+    candidate = adm.tree.candidate("turn2")
+    assert candidate.depth_cached > candidate.depth_running
+    group = adm.tree.prefix_hash("turn2")
+    assert not Concentration.locks_new_prefix(candidate, adm._counted_footprint(), group, adm.tree)
+    adm.enqueue("twin", history + [42] * 4)
+    assert Concentration.locks_new_prefix(candidate, adm._counted_footprint(), group, adm.tree), (
+        "another waiting request shares the cached part: admitting one locks it for both"
+    )
+    adm.abort("twin")
+    assert run_pass(adm, pool)[0] == "turn2", "the deepest cached prefix first, and not held"
+    assert adm.stats.num_concentrated == 0
+
+
 def test_where_the_pool_holds_everything_the_rule_stays_out_of_the_way():
     adm, pool, _ = make(capacity=10_000)
     warm_up(adm, pool)
@@ -110,7 +132,9 @@ def test_a_held_request_past_the_bound_waits_while_the_pool_binds_and_a_cold_pro
     candidate = adm.tree.candidate("cold")
     group = adm.tree.prefix_hash("cold")
     footprint = adm._counted_footprint()
-    assert not Concentration.locks_new_prefix(candidate, footprint, group), "nothing shares its prompt"
+    assert not Concentration.locks_new_prefix(candidate, footprint, group, adm.tree), (
+        "nothing shares its prompt"
+    )
 
 
 def test_p_is_the_rooms_drop_per_admission_and_the_promise_what_it_takes_beyond_the_prompt():
@@ -162,7 +186,11 @@ def reference_holds_back(adm: Admission, measured: list[tuple[int, int]], candid
         return False
     group = tree.prefix_hash(candidate.request_id)
     adds_group = group not in running
-    locks = candidate.depth_cached > candidate.depth_running or (adds_group and waiting[group] > 1)
+    rid, depth = candidate.request_id, candidate.depth_running
+    shares_cached = any(
+        other != rid and tree.shares_prefix(rid, other, depth + 1) for other in tree.waiting_ids()
+    )
+    locks = (candidate.depth_cached > depth and shares_cached) or (adds_group and waiting[group] > 1)
     if not locks:
         return False
     p = sum(t for t, _ in window) / len(window)
@@ -196,8 +224,8 @@ class ConcentrationMachine(RuleBasedStateMachine):
         conc = self.adm.concentration
         original_holds, original_measured = conc.holds_back, conc._measured
 
-        def holds_back(candidate, footprint, group, room, early=False):
-            verdict = original_holds(candidate, footprint, group, room, early)
+        def holds_back(candidate, footprint, group, room, tree, early=False):
+            verdict = original_holds(candidate, footprint, group, room, tree, early)
             assert verdict == reference_holds_back(self.adm, self.measured, candidate, room, early)
             self.num_checked += 1
             return verdict
@@ -270,7 +298,7 @@ def test_the_machine_reaches_holds():
     machine = ConcentrationMachine()
     for i in range(40):
         machine.arrive([1] * 16 + [1] * 8 + [100 + i % 12] * (1 + i % 12), 1)
-        machine.arrive([2 + i % 3] * 16 + [1] * 8 + [100 + i % 5] * (1 + i % 5), 1)
+        machine.arrive([2 + i % 3] * 16 + [1] * 8 + [100 + i % 5] * (1 + i % 5), 2)
         machine.schedule()
         if i % 3 == 0 and machine.adm.num_active:
             machine.finish(i)

@@ -49,9 +49,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "vllm": CORE | {"options", "types"},
     "patches": frozenset(),
     "measure": frozenset({"workload"}),
-    "offline": CORE | {"options", "types", "workload", "measure", "sglang"},
+    "offline": CORE | {"options", "types", "workload", "measure", "sglang", "vllm"},
     "sim": CORE | {"options", "types", "workload", "offline"},
-    "bench": CORE | {"options", "types", "workload", "measure", "offline", "sglang"},
+    "bench": CORE | {"options", "types", "workload", "measure", "offline", "sglang", "sim"},
     "serving": frozenset({"options", "workload"}),
     "demo": frozenset({"policy", "serving", "workload"}),
     "cluster_demo": frozenset({"demo", "serving", "workload"}),
@@ -59,7 +59,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 """Layer -> the layers its modules may import (any import, lazy or for type checking only). Bottom up: the
 core data types and declared options; the CHT, the stoppers and the admission component; the workload spec;
 the engine adapters; then the tooling: `measure` (what both benchmark sides share), `offline` (real SGLang
-objects on CPU, driven by `sim` and `bench`), the simulator, the benchmarks, the live-server harness and the
+objects on CPU and vLLM's model-free harness, driven by `sim` and `bench`), the simulator, the benchmarks
+(`bench vllm-admission` replays the simulator's workload generators on vLLM's harness), the live-server harness and the
 demos on top of it."""
 
 KNOWN_CIRCLES = {

@@ -1,11 +1,12 @@
 """What FeatherScheduler refuses (at construction, with the flag to change) and how vLLM finds the class."""
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 import vllm
-from vllm.config import KVTransferConfig
+from vllm.config import KVTransferConfig, SchedulerConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.import_utils import resolve_obj_by_qualname
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -31,17 +32,39 @@ def _pipeline(config):
     config.parallel_config.pipeline_parallel_size = 2
 
 
-@pytest.mark.parametrize(
-    ("shape", "mutate", "hint"),
-    [
-        (EngineShape(), _async, "--no-async-scheduling"),
-        (EngineShape(policy="priority"), None, "--scheduling-policy fcfs"),
-        (EngineShape(enable_prefix_caching=False), None, "--enable-prefix-caching"),
-        (EngineShape(), _kv_connector, "kv_holding_waiting"),
-        (EngineShape(), _pipeline, "--pipeline-parallel-size 1"),
-    ],
-    ids=["async", "priority", "no-prefix-caching", "kv-connector", "pipeline-parallel"],
-)
+SINCE_034 = ("cache_aware_admission_window", "max_num_inflight_kv_loads")
+"""SchedulerConfig fields vLLM 0.34 added that Feather refuses; the 0.32 and 0.33 venvs have neither."""
+HAS_034_FIELDS = {name: name in {f.name for f in dataclasses.fields(SchedulerConfig)} for name in SINCE_034}
+
+
+def _cache_aware(config):
+    config.scheduler_config.cache_aware_admission_window = 8
+
+
+def _inflight_kv_loads(config):
+    config.scheduler_config.max_num_inflight_kv_loads = 4
+
+
+CASES = [
+    ("async", EngineShape(), _async, "--no-async-scheduling"),
+    ("priority", EngineShape(policy="priority"), None, "--scheduling-policy fcfs"),
+    ("no-prefix-caching", EngineShape(enable_prefix_caching=False), None, "--enable-prefix-caching"),
+    ("kv-connector", EngineShape(), _kv_connector, "kv_holding_waiting"),
+    ("pipeline-parallel", EngineShape(), _pipeline, "--pipeline-parallel-size 1"),
+]
+if HAS_034_FIELDS["cache_aware_admission_window"]:
+    CASES.append(("cache-aware", EngineShape(), _cache_aware, "--cache-aware-admission-window"))
+if HAS_034_FIELDS["max_num_inflight_kv_loads"]:
+    CASES.append(("inflight-kv-loads", EngineShape(), _inflight_kv_loads, "--max-num-inflight-kv-loads"))
+
+
+def test_the_refused_034_options_exist_exactly_from_vllm_034():
+    """So the 0.34 cases above cannot drop out of the 0.34 run unnoticed."""
+    since_034 = not vllm.__version__.startswith(("0.32.", "0.33."))
+    assert HAS_034_FIELDS == dict.fromkeys(SINCE_034, since_034)
+
+
+@pytest.mark.parametrize(("shape", "mutate", "hint"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_unsupported_features_are_refused_at_construction(shape, mutate, hint):
     config = vllm_config(shape)
     if mutate is not None:
@@ -119,20 +142,20 @@ def test_this_run_tests_the_expected_supported_vllm(expected_vllm_version):
         assert vllm.__version__ == expected_vllm_version
 
 
-@pytest.mark.parametrize("version", ["0.31.2", "0.34.0", "1.0.0", "0.3.3"])
+@pytest.mark.parametrize("version", ["0.31.2", "0.35.0", "1.0.0", "0.3.3"])
 def test_an_unsupported_vllm_version_is_refused_naming_the_supported_ones(version):
     with pytest.raises(
-        UnsupportedVllmVersion, match=r"supports vLLM 0\.32\.x and 0\.33\.x, but vLLM " + version
+        UnsupportedVllmVersion, match=r"supports vLLM 0\.32\.x, 0\.33\.x and 0\.34\.x, but vLLM " + version
     ):
         check_vllm_version(version)
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.33.0", "0.33.1"])
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.33.0", "0.33.1", "0.34.0"])
 def test_supported_vllm_versions_pass(version):
     check_vllm_version(version)
 
 
 def test_the_scheduler_checks_the_installed_version_at_construction(monkeypatch):
-    monkeypatch.setattr(vllm, "__version__", "0.34.0")
-    with pytest.raises(UnsupportedVllmVersion, match='pip install "vllm>=0.32,<0.34"'):
+    monkeypatch.setattr(vllm, "__version__", "0.35.0")
+    with pytest.raises(UnsupportedVllmVersion, match='pip install "vllm>=0.32,<0.35"'):
         make_scheduler(FeatherScheduler, EngineShape())

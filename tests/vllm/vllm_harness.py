@@ -1,30 +1,28 @@
-"""Drive vLLM's real v1 Scheduler without a model: fake model outputs (the only mock: it stands in for the GPU)."""
+"""The tests' side of the model-free vLLM harness (`sglang_feather.offline.vllm_harness`): the tiny model's
+folder, and the check that Feather's CHT agrees with vLLM's queues."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
-from vllm.sampling_params import SamplingParams
-from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.config import VllmConfig
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.request import Request, RequestStatus
-from vllm.v1.structured_output import StructuredOutputManager
+
+from sglang_feather.offline import vllm_harness
+from sglang_feather.offline.vllm_harness import (  # noqa: F401  (re-exported for the test modules)
+    SAMPLED_TOKEN,
+    Driver,
+    EngineShape,
+    FakeClock,
+    admitted_ids,
+    computed_ranges,
+    prompt,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "models" / "tiny-llama"
-SAMPLED_TOKEN = 11
-"""Every fake decode step samples this token (requests use ignore_eos, so only max_tokens stops them)."""
 
 
 def require_model() -> Path:
@@ -34,71 +32,14 @@ def require_model() -> Path:
     return MODEL_DIR
 
 
-@dataclass(frozen=True)
-class EngineShape:
-    block_size: int = 16
-    num_blocks: int = 256
-    max_num_seqs: int = 8
-    max_num_batched_tokens: int = 256
-    max_model_len: int = 512
-    enable_prefix_caching: bool = True
-    long_prefill_token_threshold: int = 0
-    """vLLM's cap on one prefill chunk (0: none); with it a long prompt is prefilled over several steps."""
-    policy: str = "fcfs"
-    feather: Mapping[str, Any] | None = None
-    """The `additional_config["feather"]` section; None leaves it out."""
-    num_kv_cache_groups: int = 1
-    """Full-attention KV-cache groups (layers with their own blocks); more than one makes vLLM's cache hybrid."""
-
-
-@functools.lru_cache(maxsize=1)
-def _model_config(max_model_len: int) -> ModelConfig:
-    return ModelConfig(model=str(require_model()), dtype="bfloat16", max_model_len=max_model_len)
-
-
 def vllm_config(shape: EngineShape) -> VllmConfig:
-    scheduler_config = SchedulerConfig(
-        max_num_seqs=shape.max_num_seqs,
-        max_num_batched_tokens=shape.max_num_batched_tokens,
-        max_model_len=shape.max_model_len,
-        is_encoder_decoder=False,
-        policy=shape.policy,
-        long_prefill_token_threshold=shape.long_prefill_token_threshold,
-    )
-    cache_config = CacheConfig(block_size=shape.block_size, enable_prefix_caching=shape.enable_prefix_caching)
-    additional = {} if shape.feather is None else {"feather": dict(shape.feather)}
-    config = VllmConfig(
-        model_config=_model_config(shape.max_model_len),
-        scheduler_config=scheduler_config,
-        cache_config=cache_config,
-        additional_config=additional,
-    )
-    config.cache_config.num_gpu_blocks = (
-        shape.num_blocks
-    )  # normally set by the KV-cache profiling of a worker
-    return config
+    return vllm_harness.vllm_config(shape, require_model())
 
 
 def make_scheduler(cls: type[Scheduler], shape: EngineShape, config: VllmConfig | None = None, **kwargs: Any):
-    config = config if config is not None else vllm_config(shape)
-    spec = FullAttentionSpec(block_size=shape.block_size, num_kv_heads=1, head_size=64, dtype=torch.bfloat16)
-    groups = [KVCacheGroupSpec([f"layer{i}"], spec) for i in range(shape.num_kv_cache_groups)]
-    kv_cache_config = KVCacheConfig(num_blocks=shape.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
-    return cls(
-        vllm_config=config,
-        kv_cache_config=kv_cache_config,
-        structured_output_manager=StructuredOutputManager(config),
-        block_size=shape.block_size,
-        **kwargs,
+    return vllm_harness.make_scheduler(
+        cls, shape, config if config is not None else vllm_config(shape), **kwargs
     )
-
-
-@dataclass
-class FakeClock:
-    now: float = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def check_agreement(scheduler: Any) -> None:
@@ -114,105 +55,3 @@ def check_agreement(scheduler: Any) -> None:
     assert set(tree.active_ids()) == set(running), (sorted(tree.active_ids()), sorted(running))
     assert set(scheduler.requests) == set(waiting) | set(running)
     tree.check_invariants()
-
-
-@dataclass
-class Driver:
-    """Adds requests to a scheduler and answers each schedule() like a model runner would."""
-
-    scheduler: Scheduler
-    block_size: int = 16
-    check: Callable[[Scheduler], None] | None = None
-    """Called after every add, abort and step (e.g. `check_agreement`)."""
-    clock: FakeClock | None = None
-    """Advanced by `step_s` between schedule() and update_from_output(), as if the model ran that long."""
-    step_s: float = 1.0
-    outputs: dict[str, list[int]] = field(default_factory=dict)
-    finished: dict[str, RequestStatus] = field(default_factory=dict)
-    history: list[SchedulerOutput] = field(default_factory=list)
-    num_sampled: list[int] = field(default_factory=list)
-    """Tokens sampled in each step."""
-
-    def __post_init__(self) -> None:
-        init_none_hash(sha256)
-        self._hasher = get_request_block_hasher(self.block_size, sha256)
-
-    def add(self, request_id: str, token_ids: Sequence[int], max_tokens: int = 4, **kwargs: Any) -> Request:
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
-        request = Request(request_id, list(token_ids), params, None, block_hasher=self._hasher, **kwargs)
-        self.scheduler.add_request(request)
-        self.outputs[request_id] = []
-        self._check()
-        return request
-
-    def abort(self, request_ids: Iterable[str]) -> None:
-        for request in self.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED):
-            self.finished[request.request_id] = request.status
-        self._check()
-
-    def step(self) -> SchedulerOutput:
-        """One engine step: schedule, then a fake model output (one token for each request past its prompt)."""
-        output = self.scheduler.schedule()
-        request_ids = list(output.num_scheduled_tokens)
-        sampled = []
-        for request_id in request_ids:
-            request = self.scheduler.requests[request_id]
-            done_prefill = request.num_computed_tokens >= request.num_tokens
-            sampled.append([SAMPLED_TOKEN] if done_prefill else [])
-        runner_output = ModelRunnerOutput(
-            req_ids=request_ids,
-            req_id_to_index={request_id: i for i, request_id in enumerate(request_ids)},
-            sampled_token_ids=sampled,
-        )
-        live = {request_id: self.scheduler.requests[request_id] for request_id in request_ids}
-        if self.clock is not None:
-            self.clock.now += self.step_s
-        self.scheduler.update_from_output(output, runner_output)
-        for request_id, tokens in zip(request_ids, sampled, strict=True):
-            self.outputs[request_id].extend(tokens)
-            if live[request_id].is_finished():
-                self.finished[request_id] = live[request_id].status
-        self.history.append(output)
-        self.num_sampled.append(sum(len(tokens) for tokens in sampled))
-        self._check()
-        return output
-
-    def run(self, max_steps: int = 1000) -> None:
-        """Step until nothing runs or waits; fails the test if that takes more than `max_steps`."""
-        for _ in range(max_steps):
-            if not self.busy():
-                return
-            self.step()
-        pytest.fail(f"requests still pending after {max_steps} steps: {self.scheduler.get_request_counts()}")
-
-    def _check(self) -> None:
-        if self.check is not None:
-            self.check(self.scheduler)
-
-    def busy(self) -> bool:
-        return bool(self.scheduler.running or self.scheduler.waiting)
-
-
-def computed_ranges(output: SchedulerOutput) -> dict[str, tuple[int, int]]:
-    """Token positions each scheduled request computes in this step: [computed before, + scheduled)."""
-    starts = {r.req_id: r.num_computed_tokens for r in output.scheduled_new_reqs}
-    cached = output.scheduled_cached_reqs
-    starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
-    return {rid: (starts[rid], starts[rid] + n) for rid, n in output.num_scheduled_tokens.items()}
-
-
-def admitted_ids(output: SchedulerOutput) -> list[str]:
-    """Requests that entered the running batch in this step (new ones and resumed preempted ones), in order."""
-    return [r.req_id for r in output.scheduled_new_reqs] + sorted(
-        output.scheduled_cached_reqs.resumed_req_ids
-    )
-
-
-def prompt(
-    prefix_id: int, num_prefix_blocks: int, suffix_id: int, num_suffix_tokens: int, block_size: int = 16
-):
-    """Token ids: `num_prefix_blocks` full blocks shared by every prompt of `prefix_id`, then a private tail."""
-    base = 20 + 37 * prefix_id
-    shared = [(base + i) % 1000 + 4 for i in range(num_prefix_blocks * block_size)]
-    tail = [(500 + 13 * suffix_id + i) % 1000 + 4 for i in range(num_suffix_tokens)]
-    return shared + tail

@@ -197,6 +197,12 @@ class Core {
                          : static_cast<int64_t>(num_active_);
     }
 
+    int64_t num_waiting_holding(uint32_t h, int64_t depth) const {
+        check_depth(h, depth, 0);
+        return depth > 0 ? nodes_[reqs_[h].path[static_cast<size_t>(depth - 1)]].num_waiting
+                         : static_cast<int64_t>(num_waiting());
+    }
+
     bool shares_prefix(uint32_t a, uint32_t b, int64_t depth) const {
         const auto &p = reqs_[a].path, &q = reqs_[b].path;
         if (depth < 0) throw nb::index_error("negative depth");
@@ -2388,6 +2394,7 @@ NB_MODULE(_core, m) {
         .def("_arrival", &Core::arrival)
         .def("_num_missing", &Core::num_missing)
         .def("_num_holding", &Core::num_holding)
+        .def("_num_waiting_holding", &Core::num_waiting_holding)
         .def("_shares_prefix", &Core::shares_prefix)
         .def("_waiting", &Core::waiting)
         .def("_active", &Core::active)
