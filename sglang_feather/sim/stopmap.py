@@ -28,12 +28,12 @@ from sglang_feather.workload import SharedPrefixSpec
 # requests, scheduler CPU charged as zero so only the schedule counts: `always` (never stops), `static` with
 # its physical group cap (as many groups as the profile's usable L2 holds prefixes of this length per layer,
 # at least 1), each learning stopper of the registry at its defaults (`LEARNERS`), and `static` at each fixed
-# group cap of `THRESHOLDS`; the best of the fixed
-# caps and `always` is the cell's oracle. Every run is reported beside the physical bound of its own schedule
-# (`Summary.bound_tok_s`: each decode step reading every shared prefix node once, as a cascade kernel would).
-# The cells span the axes without the full product (a 2-core machine runs the map in about half an
-# hour): gsp with Zipf(1.1) group sizes at 8, 32 and 64 groups and 1K, 4K and 8K prefixes on A100 and RTX 6000
-# Ada, a subset on H200, a small KV pool and a low arrival rate at 32 groups x 4K, the KV-limited RAG trace,
+# group cap of `THRESHOLDS`; the best of the fixed caps and `always` is the cell's oracle. Every run is
+# reported beside the physical bound of its own schedule (`Summary.bound_tok_s`: each decode step reading every
+# shared prefix node once, as a cascade kernel would). The cells span the axes without the full product
+# (a 2-core machine runs the map in 3-4 minutes per kernel and seed): gsp with Zipf(1.1) group sizes at 8, 32
+# and 64 groups and 1K, 4K and 8K prefixes on A100 and RTX 6000 Ada, a subset on H200, a small KV pool and a
+# low arrival rate at 32 groups x 4K, the KV-limited RAG trace,
 # and unrelated prompts (where a STOP must cost nothing). `--requests` sets each gsp cell's request count.
 
 THRESHOLDS = (2, 4, 8, 16)

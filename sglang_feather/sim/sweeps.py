@@ -471,7 +471,15 @@ def main(argv: list[str] | None = None) -> int:
             with open(path, encoding="utf-8") as f:
                 rows += [r for r in json.load(f) if args.only in r["case"]]
     else:
-        for case in SWEEPS[args.sweep]():
+        cases = list(SWEEPS[args.sweep]())
+        if args.attention is not None:
+            own = sorted({c.engine.attention for c in cases} - {EngineConfig().attention})
+            if own:  # overriding would run one kernel under labels that name others
+                raise SystemExit(
+                    f"{args.sweep} runs its cases under kernels of their own ({', '.join(own)}): "
+                    "pick them with --only, not --attention"
+                )
+        for case in cases:
             if args.attention is not None:
                 case = replace(case, engine=replace(case.engine, attention=args.attention))
             if args.only in case.label:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from sglang_feather.sim.attention import ATTENTION_KERNELS
-from sglang_feather.sim.cost import BatchNodes, PhysicsCostModel
+from sglang_feather.sim.cost import BatchNodes, KVSplit, PhysicsCostModel
 from sglang_feather.sim.profile import load_profile
 
 # How it works.
@@ -74,15 +74,19 @@ def interleaved(num_requests: int, num_groups: int, prefix_tokens: int) -> Batch
     return [((f"prefix-{i % num_groups}", prefix_tokens),) for i in range(num_requests)]
 
 
+def kv_split(cost: PhysicsCostModel, kernel: str, batch: BatchNodes, private_tokens: int) -> KVSplit:
+    """What a decode step over `batch` reads under `kernel`, each request with `private_tokens` of its own KV."""
+    return ATTENTION_KERNELS[kernel].shared_split(cost, batch).plus_dram(private_tokens * len(batch))
+
+
 def step_s(cost: PhysicsCostModel, kernel: str, batch: BatchNodes, private_tokens: int) -> float:
     """A decode step over `batch` under `kernel`, each request with `private_tokens` of its own KV."""
-    split = ATTENTION_KERNELS[kernel].shared_split(cost, batch).plus_dram(private_tokens * len(batch))
-    return cost.decode_s(len(batch), split)
+    return cost.decode_s(len(batch), kv_split(cost, kernel, batch, private_tokens))
 
 
 def l2_share_pct(cost: PhysicsCostModel, kernel: str, batch: BatchNodes, private_tokens: int) -> float:
     """Share of a step's KV reads the model serves from L2, in per cent."""
-    split = ATTENTION_KERNELS[kernel].shared_split(cost, batch).plus_dram(private_tokens * len(batch))
+    split = kv_split(cost, kernel, batch, private_tokens)
     return 100 * split.l2_tokens / (split.l2_tokens + split.dram_tokens)
 
 
@@ -107,10 +111,7 @@ def _tpot_ms(kernel: str) -> Callable[[], float]:
 def _cascade_ratio() -> float:
     cost = cost_model("h100-pcie", "llama-2-7b")
     batch = interleaved(128, 1, 32_768)
-    plain, grouped = (
-        cost.attention_s(ATTENTION_KERNELS[k].shared_split(cost, batch).plus_dram(0))
-        for k in ("plain", "grouped")
-    )
+    plain, grouped = (cost.attention_s(kv_split(cost, k, batch, 0)) for k in ("plain", "grouped"))
     return plain / grouped
 
 

@@ -218,3 +218,6 @@ def test_the_sweeps_attention_flag_runs_every_case_under_that_kernel(tmp_path, m
         assert {r["attention"] for r in rows} == {kernel or "plain"}
     with pytest.raises(SystemExit):  # an unknown kernel is refused by the parser
         sweeps.main([*argv, "--attention", "flash"])
+    # A sweep whose cases name their own kernels is not overridden under their labels.
+    with pytest.raises(SystemExit, match="kernels of their own"):
+        sweeps.main(["decode-heavy", "--attention", "grouped", "--seeds", "1", "--fixed-cpu-ms", "0"])
