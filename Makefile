@@ -24,7 +24,7 @@ STRESS_OPS ?= 1000000
 PYTEST_ARGS ?=
 DEMO_ARGS  ?=
 
-.PHONY: setup setup-sglang setup-vllm setup-vllm033 setup-vllm034 model test test-fast test-python-core test-core test-vllm test-vllm033 lint lint-venv bench stress demo demo-kv-pressure demo-cluster sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
+.PHONY: setup setup-sglang setup-vllm setup-vllm033 setup-vllm034 model test test-fast test-python-core test-core test-vllm test-vllm033 lint lint-venv ruff typecheck bench stress demo demo-kv-pressure demo-cluster sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
 
 setup: setup-sglang setup-vllm setup-vllm034 model
 
@@ -32,22 +32,23 @@ setup-sglang: $(VENV)/.feather-setup
 # Every source of the compiled core: an edit to any of them rebuilds it at the next `make setup` / `make test`.
 NATIVE_SRC := CMakeLists.txt sglang_feather/cht/_native/CMakeLists.txt sglang_feather/cht/_native/build_optional.cmake \
 	$(wildcard sglang_feather/cht/_native/*.cpp sglang_feather/cht/_native/*.h)
-$(VENV)/.feather-setup: scripts/setup_venv.sh requirements/sglang-cpu.txt requirements/dev.txt requirements/constraints.txt pyproject.toml scaffold/cpu/_tv_cpu_shim.py $(NATIVE_SRC)
+DEV_REQS := requirements/dev.txt requirements/lint.txt requirements/typecheck.txt
+$(VENV)/.feather-setup: scripts/setup_venv.sh requirements/sglang-cpu.txt $(DEV_REQS) requirements/constraints.txt pyproject.toml scaffold/cpu/_tv_cpu_shim.py $(NATIVE_SRC)
 	bash scripts/setup_venv.sh $(VENV)
 	touch $@
 
 setup-vllm: $(VENV_VLLM)/.feather-setup
-$(VENV_VLLM)/.feather-setup: scripts/setup_vllm_venv.sh requirements/dev.txt pyproject.toml $(NATIVE_SRC)
+$(VENV_VLLM)/.feather-setup: scripts/setup_vllm_venv.sh $(DEV_REQS) pyproject.toml $(NATIVE_SRC)
 	bash scripts/setup_vllm_venv.sh $(VENV_VLLM) 0.32.0
 	touch $@
 
 setup-vllm033: $(VENV_VLLM033)/.feather-setup
-$(VENV_VLLM033)/.feather-setup: scripts/setup_vllm_venv.sh requirements/vllm033-scheduler.txt requirements/dev.txt pyproject.toml $(NATIVE_SRC)
+$(VENV_VLLM033)/.feather-setup: scripts/setup_vllm_venv.sh requirements/vllm033-scheduler.txt $(DEV_REQS) pyproject.toml $(NATIVE_SRC)
 	bash scripts/setup_vllm_venv.sh $(VENV_VLLM033) 0.33.0
 	touch $@
 
 setup-vllm034: $(VENV_VLLM034)/.feather-setup
-$(VENV_VLLM034)/.feather-setup: scripts/setup_vllm_venv.sh requirements/vllm034-scheduler.txt requirements/dev.txt pyproject.toml $(NATIVE_SRC)
+$(VENV_VLLM034)/.feather-setup: scripts/setup_vllm_venv.sh requirements/vllm034-scheduler.txt $(DEV_REQS) pyproject.toml $(NATIVE_SRC)
 	bash scripts/setup_vllm_venv.sh $(VENV_VLLM034) 0.34.0
 	touch $@
 
@@ -104,17 +105,24 @@ test-vllm: setup-vllm setup-vllm034 model
 test-vllm033: setup-vllm033 model
 	FEATHER_EXPECT_VLLM=0.33.0 $(PY_VLLM033) -m pytest tests/vllm -m "not server" $(PYTEST_ARGS)
 
-# Lint needs ruff only: its own small venv (requirements/lint.txt, the version the dev venvs get), so
-# `.ci/run` lints before the engine venvs are built.
+# `make lint`: ruff, then the type checker. Ruff needs nothing else: its own small venv
+# (requirements/lint.txt, the version the dev venvs get), so `.ci/run` runs it before the engine venvs are
+# built. The type check (mypy, scripts/typecheck.sh) runs inside .venv and .venv-vllm, where SGLang, torch
+# and vLLM resolve, so it follows their setup; `.ci/run` runs it beside `make test`.
+lint: ruff typecheck
+
 lint-venv: $(VENV_LINT)/.feather-setup
 $(VENV_LINT)/.feather-setup: requirements/lint.txt
 	$(SYSTEM_PYTHON) -m venv $(VENV_LINT)
 	$(VENV_LINT)/bin/python -m pip --disable-pip-version-check -q install -r requirements/lint.txt
 	touch $@
 
-lint: lint-venv
+ruff: lint-venv
 	$(VENV_LINT)/bin/ruff check sglang_feather tests kernels_bench scripts
 	$(VENV_LINT)/bin/ruff format --check sglang_feather tests kernels_bench scripts
+
+typecheck: setup-sglang setup-vllm
+	bash scripts/typecheck.sh $(VENV) $(VENV_VLLM)
 
 bench: setup-sglang
 	$(PY) -m sglang_feather.bench overhead --json results/overhead.json
@@ -147,7 +155,7 @@ kernels-smoke: setup-sglang
 	$(PY) -m kernels_bench.decode_locality --device cpu --tiny --out results/kernels_tiny.json
 
 clean:
-	rm -rf results .pytest_cache .ruff_cache .hypothesis
+	rm -rf results .pytest_cache .ruff_cache .hypothesis .mypy_cache build/typecheck-stubs
 
 # 2 SGLang workers behind SMG cache_aware (smg launch), fcfs, lpm, dfs-weight and feather, 3 runs each
 # (docs/scaling.md); e.g. make demo-cluster DEMO_ARGS='--repeat 1 --policies feather'

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from sglang_feather.cht import ChunkedHashTree, PythonTree, chunk_hashes
+from sglang_feather.cht import ChunkedHashTree, PythonTree, chunk_hashes, new_tree
 from sglang_feather.measure.sequence import SequencePlan
 from sglang_feather.measure.timing import Samples, TimingConfig, gc_disabled, median_run, sample_named
 from sglang_feather.measure.workloads import Workload
@@ -23,9 +24,10 @@ from sglang_feather.types import ChunkHash
 PERF = time.perf_counter
 
 
-def cores() -> dict[str, type]:
-    """The CHT cores to measure side by side: the Python one, and the compiled one when it is built."""
-    found: dict[str, type] = {"python": PythonTree}
+def cores() -> dict[str, Callable[[int], ChunkedHashTree]]:
+    """The CHT cores to measure side by side (a new tree of a chunk size on each): the Python one, and the
+    compiled one when it is built."""
+    found: dict[str, Callable[[int], ChunkedHashTree]] = {"python": PythonTree}
     try:
         from sglang_feather.cht.native import NativeTree
     except ImportError:
@@ -74,7 +76,7 @@ def resident_id(index: int) -> tuple[str, int]:
 
 
 def build_tree(
-    workload: Workload, chunk_size: int, tree_cls: type = ChunkedHashTree
+    workload: Workload, chunk_size: int, tree_cls: Callable[[int], ChunkedHashTree] = new_tree
 ) -> tuple[ChunkedHashTree, list[list[ChunkHash]]]:
     """The tree with the cached sequences running and the whole queue waiting; also each prompt's hashes."""
     tree = tree_cls(chunk_size)
@@ -119,7 +121,7 @@ def run_pass(tree: ChunkedHashTree, num_per_pass: int) -> PassResult:
 
 
 def picks(
-    workload: Workload, chunk_size: int, num_per_pass: int, tree_cls: type = ChunkedHashTree
+    workload: Workload, chunk_size: int, num_per_pass: int, tree_cls: Callable[[int], ChunkedHashTree] = new_tree
 ) -> list[int]:
     """The request indices one pass admits, in pick order."""
     tree, _ = build_tree(workload, chunk_size, tree_cls)
@@ -176,7 +178,7 @@ def measure_cell(
     chunk_size: int,
     pass_sizes: tuple[int, ...],
     cfg: TimingConfig,
-    tree_cls: type = ChunkedHashTree,
+    tree_cls: Callable[[int], ChunkedHashTree] = new_tree,
 ) -> ChtCell:
     """Per-pass cost for each k in `pass_sizes`; per-operation costs and picks from the first k."""
     tree, hashes = build_tree(workload, chunk_size, tree_cls)
@@ -200,7 +202,7 @@ def measure_cell(
 
 
 def run_sequence(
-    workload: Workload, chunk_size: int, plan: SequencePlan, tree_cls: type = ChunkedHashTree
+    workload: Workload, chunk_size: int, plan: SequencePlan, tree_cls: Callable[[int], ChunkedHashTree] = new_tree
 ) -> ChtSequence:
     """All CHT work while `plan` drains the queue: inserts, each pass's best()/activate(), every finish."""
     tree = tree_cls(chunk_size)

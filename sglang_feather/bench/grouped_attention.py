@@ -381,7 +381,7 @@ def run(cfg: Config) -> dict:
         for name, grid in cfg.grids.items():
             shape = HEAD_SHAPES[name]
             for (batch, prefix, tail), groups in itertools.product(grid.points, grid.groups):
-                if groups != DISTINCT and groups > batch:
+                if isinstance(groups, int) and groups > batch:
                     print(f"[grouped-attention] skipped: {groups} groups > batch {batch}", file=sys.stderr)
                     continue
                 print(f"[grouped-attention] {name} B={batch} P={prefix} T={tail} G={groups}", file=sys.stderr)

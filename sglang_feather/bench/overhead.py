@@ -8,6 +8,7 @@ import platform
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from types import ModuleType
 from typing import TextIO
 
@@ -78,12 +79,12 @@ def run_cell(
     plan = replace(cfg.plan, num_per_pass=budget_k) if cfg.budget_sequence else cfg.plan
     with frozen_heap():
         sequences = {
-            p: median_run(lambda p=p: baseline.run_sequence(workload, p, plan), _total, cfg.timing)
+            p: median_run(partial(baseline.run_sequence, workload, p, plan), _total, cfg.timing)
             for p in baseline.POLICIES
         }
         cht_sequences = {
             name: median_run(
-                lambda c=tree_cls: cht_side.run_sequence(workload, cfg.chunk_size, plan, c),
+                partial(cht_side.run_sequence, workload, cfg.chunk_size, plan, tree_cls),
                 _total,
                 cfg.timing,
             )

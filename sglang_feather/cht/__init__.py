@@ -1,6 +1,6 @@
 """The Chunked Hash Tree: prefix-sharing bookkeeping for waiting and running requests."""
 
-from sglang_feather.cht.backend import ChunkedHashTree, backend_name
+from sglang_feather.cht.backend import ChunkedHashTree, backend_name, new_tree
 from sglang_feather.cht.candidate import TakenPicks
 from sglang_feather.cht.errors import (
     CHTError,
@@ -33,4 +33,5 @@ __all__ = [
     "backend_name",
     "chunk_hashes",
     "namespace_seed",
+    "new_tree",
 ]

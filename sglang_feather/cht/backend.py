@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING, TypeAlias
 
+from sglang_feather.cht.hashing import DEFAULT_CHUNK_SIZE
 from sglang_feather.cht.tree import PythonTree
+
+if TYPE_CHECKING:
+    from sglang_feather.cht.native import NativeTree
+
+    ChunkedHashTree: TypeAlias = PythonTree | NativeTree
+    """A tree on either core: the type checker holds every caller to what both cores provide."""
 
 ENV_VAR = "SGLANG_FEATHER_CHT"
 """`python` or `native` forces a core (`native` fails loudly when it is not built); unset or `auto` picks."""
@@ -13,7 +21,7 @@ ENV_VAR = "SGLANG_FEATHER_CHT"
 logger = logging.getLogger(__name__)
 
 
-def _select() -> tuple[type, str, str]:
+def _select() -> tuple[type[PythonTree] | type[NativeTree], str, str]:
     """The tree class, its core's name and why it was chosen."""
     choice = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
     if choice not in ("auto", "python", "native"):
@@ -38,11 +46,18 @@ PYTHON_CORE_WARNING = (
 )
 
 
-ChunkedHashTree, BACKEND, _REASON = _select()
+_TREE_CLASS, BACKEND, _REASON = _select()
+if not TYPE_CHECKING:
+    ChunkedHashTree = _TREE_CLASS  # the chosen class: `ChunkedHashTree(chunk_size)` builds a tree at run time
 if BACKEND == "python":
     logger.warning(PYTHON_CORE_WARNING, _REASON)
 else:
     logger.info("Chunked Hash Tree core: %s (%s)", BACKEND, _REASON)
+
+
+def new_tree(chunk_size: int = DEFAULT_CHUNK_SIZE) -> ChunkedHashTree:
+    """An empty tree on the core `backend_name()` names (a type alias cannot be called where it is checked)."""
+    return _TREE_CLASS(chunk_size)
 
 
 def backend_name() -> str:

@@ -5,12 +5,17 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sglang_feather.cht.hashing import chunk_hashes
 from sglang_feather.cht.nodes import RequestState
 from sglang_feather.cht.reference import ReferenceTree
 from sglang_feather.cht.tree import PythonTree
+
+if TYPE_CHECKING:
+    from sglang_feather.cht.backend import ChunkedHashTree
 
 
 @dataclass(frozen=True)
@@ -25,7 +30,7 @@ def run_stress(
     seed: int = 0,
     check_every: int = 1000,
     max_requests: int = 300,
-    tree_cls: type = PythonTree,
+    tree_cls: Callable[[int], ChunkedHashTree] = PythonTree,
 ) -> StressResult:
     """Random insert/activate/best/deactivate/finish/remove/suspend/resume over shared-prefix groups, and the
     engine's cache events (stores of a tracked or new prompt's chain, from its start or below a cached prefix;
@@ -34,7 +39,7 @@ def run_stress(
     operations (and at the end). Raises AssertionError on the first disagreement."""
     rng = random.Random(seed)
     chunk = 4
-    tree, ref = tree_cls(chunk_size=chunk), ReferenceTree()
+    tree, ref = tree_cls(chunk), ReferenceTree()
     groups = [[rng.randrange(50) for _ in range(rng.randrange(4, 40))] for _ in range(6)]
     waiting: list[int] = []
     active: list[int] = []
@@ -126,7 +131,7 @@ def run_stress(
     return StressResult(num_ops, num_checks + 1, time.perf_counter() - start)
 
 
-def _compare(tree: PythonTree, ref: ReferenceTree) -> None:
+def _compare(tree: ChunkedHashTree, ref: ReferenceTree) -> None:
     tree.check_invariants()
     assert tree.best() == ref.best(), (tree.best(), ref.best())
     assert tree.oldest() == ref.oldest()
@@ -153,7 +158,7 @@ def main() -> None:
         help="which core(s) to run (default both)",
     )
     args = parser.parse_args()
-    cores = {"python": PythonTree}
+    cores: dict[str, Callable[[int], ChunkedHashTree]] = {"python": PythonTree}
     if args.core != "python":
         from sglang_feather.cht.native import NativeTree  # fails loudly when the compiled core is not built
 
