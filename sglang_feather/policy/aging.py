@@ -93,10 +93,10 @@ class AgingGuard:
         return None if self.max_wait_s is None else self.max_wait_s - self.lead_s
 
     def _update_due(self) -> None:
-        if self.max_wait_s is None:
+        due = self.bound_wait_s
+        if due is None:
             self._due_s = None
             return
-        due = self.bound_wait_s
         if self.when_overtaken and len(self._recent) == LEAD_WINDOW and self.serves_early:
             due = min(due, _median(self._ordered))
         self._due_s = due
@@ -157,15 +157,14 @@ class AgingGuard:
         through `served` where the overtaken rule is open (the window is full and the rule's budget is
         spent), and it falls fastest when every wait served is shorter than all the guard kept: so the count
         is where that case would make `wait_s` due."""
-        due = self._due_s
-        if due is None:
+        due, bound = self._due_s, self.bound_wait_s
+        if due is None or bound is None:
             return limit
         if wait_s >= due:
             return 0
         if not self.when_overtaken:
             return limit
         recent = self._recent
-        bound = self.bound_wait_s
         mid = LEAD_WINDOW // 2
         first_open = max(1, LEAD_WINDOW - len(recent), EARLY_EVERY - self._num_since_early)
         kept = self._ordered.copy()
@@ -186,11 +185,12 @@ class AgingGuard:
         `due_wait_s`, any other by `bound_wait_s`) sets the lead, and the guard serves no other request for
         EARLY_EVERY admissions (this one included). Report it before `served`."""
         due = self.due_wait_s if stranger else self.bound_wait_s
-        if due is None or math.isnan(wait_s):
+        max_wait_s = self.max_wait_s
+        if due is None or max_wait_s is None or math.isnan(wait_s):
             return
         self._num_since_early = 0
         self._delays.append(max(0.0, wait_s - due))
-        self.lead_s = min(max(self._delays), self.max_wait_s / 2)
+        self.lead_s = min(max(self._delays), max_wait_s / 2)
         self._update_due()
 
     def clone(self) -> AgingGuard:

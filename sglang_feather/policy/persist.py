@@ -110,7 +110,8 @@ def load_state(policy: StoppingPolicy, path: str | Path, tag: Mapping[str, str] 
     if entry is None:
         if document.get("policy") != policy.name:
             return _fresh(path, f"holds state of policy {document.get('policy')!r}, not {policy.name!r}")
-        saved_tag = document.get("tag") if isinstance(document.get("tag"), dict) else {}
+        saved = document.get("tag")
+        saved_tag = saved if isinstance(saved, dict) else {}
         clash = sorted(k for k, v in tag.items() if k in saved_tag and saved_tag[k] != v)
         if not clash:
             return _fresh(path, f"has a malformed tag {document.get('tag')!r}")

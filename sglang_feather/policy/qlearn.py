@@ -11,7 +11,7 @@ import numpy as np
 
 from sglang_feather.policy.base import Decision, DecisionRecord, Observation, PolicyBase
 from sglang_feather.policy.context import Context, context_of, is_forced
-from sglang_feather.policy.tables import ARM_INDEX, ARMS, dump_table, load_table
+from sglang_feather.policy.tables import ARM_INDEX, ARMS, dump_table, load_counts, load_values
 
 
 @dataclass(frozen=True)
@@ -141,8 +141,8 @@ class QLearnPolicy(PolicyBase):
         }
 
     def parse_learned_state(self, state: dict[str, Any]) -> Callable[[], None]:
-        q = load_table(state["q"], integral=False)
-        visits = load_table(state["visits"], integral=True)
+        q = load_values(state["q"])
+        visits = load_counts(state["visits"])
         if q.keys() != visits.keys():
             raise ValueError("qlearn state: q and visits cover different contexts")
         rng = np.random.default_rng()

@@ -39,7 +39,11 @@ def policy_names() -> list[str]:
 
 def learning_policy_names() -> list[str]:
     """The stoppers that learn from the throughput reward (their class overrides `learn`), in registry order."""
-    return [name for name in POLICIES if type(make_policy(name)).learn is not PolicyBase.learn]
+    return [name for name in POLICIES if _learns(make_policy(name))]
+
+
+def _learns(policy: StoppingPolicy) -> bool:
+    return isinstance(policy, PolicyBase) and type(policy).learn is not PolicyBase.learn
 
 
 def make_policy(name: str, *, seed: int = 0, **options: Any) -> StoppingPolicy:

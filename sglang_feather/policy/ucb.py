@@ -9,7 +9,7 @@ from typing import Any
 
 from sglang_feather.policy.base import Decision, DecisionRecord, Observation, PolicyBase
 from sglang_feather.policy.context import Context, context_of, is_forced
-from sglang_feather.policy.tables import ARM_INDEX, ARMS, dump_table, greedy_arm, load_table
+from sglang_feather.policy.tables import ARM_INDEX, ARMS, dump_table, greedy_arm, load_counts, load_values
 
 DEFAULT_EXPLORATION = 0.5
 """UCB1 constant c for rewards normalised to [0, 1]; see docs/policy.md for the sweep behind it."""
@@ -75,8 +75,8 @@ class UCBPolicy(PolicyBase):
         return {"counts": dump_table(self.counts), "sums": dump_table(self.sums)}
 
     def parse_learned_state(self, state: dict[str, Any]) -> Callable[[], None]:
-        counts = load_table(state["counts"], integral=True)
-        sums = load_table(state["sums"], integral=False)
+        counts = load_counts(state["counts"])
+        sums = load_values(state["sums"])
         if counts.keys() != sums.keys():
             raise ValueError("ucb state: counts and sums cover different contexts")
 

@@ -16,7 +16,7 @@ from sglang_feather.policy.change import (
     PageHinkleyConfig,
 )
 from sglang_feather.policy.context import Context, context_of, is_forced, parse_context
-from sglang_feather.policy.tables import ARM_INDEX, ARMS, dump_table, greedy_arm, load_table
+from sglang_feather.policy.tables import ARM_INDEX, ARMS, dump_table, greedy_arm, load_values
 from sglang_feather.policy.ucb import DEFAULT_EXPLORATION
 
 # How it works.
@@ -152,8 +152,8 @@ class AdaptiveUCBPolicy(PolicyBase):
         }
 
     def parse_learned_state(self, state: dict[str, Any]) -> Callable[[], None]:
-        counts = load_table(state["counts"], integral=False)
-        sums = load_table(state["sums"], integral=False)
+        counts = load_values(state["counts"])
+        sums = load_values(state["sums"])
         if counts.keys() != sums.keys():
             raise ValueError("ucb-adaptive state: counts and sums cover different contexts")
         if any(v < 0 for row in counts.values() for v in row):

@@ -25,7 +25,8 @@ from sglang_feather.sim.cost import BatchNodes, CostModel, KVSplit
 
 
 class AttentionKernel(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def shared_split(self, cost: CostModel, batch: BatchNodes) -> KVSplit:
         """KV tokens per layer the step reads for the batch's shared nodes, by where they come from."""

@@ -41,7 +41,8 @@ class KVSplit:
 
 
 class CostModel(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def prefill_s(self, num_new: Sequence[int], num_cached: Sequence[int]) -> float: ...
 
@@ -111,7 +112,7 @@ class PhysicsCostModel:
         reuse = self.profile.get("gpu.decode_attention.reuse_window_tokens")
         budget = self.l2_usable_tokens
         in_window: Counter = Counter()
-        window_tokens = 0
+        window_tokens: float = 0  # tokens of the window's nodes, each capped at `reuse` (a profile number)
         dram = l2 = 0
         for i, nodes in enumerate(batch):
             if i >= window:

@@ -368,9 +368,7 @@ class Engine:
             RequestRecord(
                 s.rid,
                 s.group,
-                s.arrival_t,
-                s.admit_t,
-                s.first_token_t,
+                *s.served_times(),
                 end,
                 s.prompt_len,
                 s.num_out,

@@ -11,6 +11,7 @@ import numpy as np
 from sglang_feather.cht.hashing import chunk_hashes
 from sglang_feather.sim.sharing import SharedNode, block_ends, decompose
 from sglang_feather.sim.trace import SimRequest, TokenSource, validate
+from sglang_feather.types import ChunkHash
 from sglang_feather.workload import Segment
 
 
@@ -26,7 +27,7 @@ class Phase(enum.Enum):
 class ReqState:
     spec: SimRequest
     tokens: np.ndarray
-    hashes: list[int]
+    hashes: list[ChunkHash]
     ends: list[int]
     nodes: tuple[SharedNode, ...]
     group: str
@@ -56,6 +57,12 @@ class ReqState:
     def remaining_out(self) -> int:
         """Output tokens the engine still reserves room for: the request's cap less those generated."""
         return self.spec.max_new - self.num_out
+
+    def served_times(self) -> tuple[float, float, float]:
+        """Arrival, admission and first-token times of a request that has produced its first token."""
+        if self.arrival_t is None or self.admit_t is None or self.first_token_t is None:
+            raise RuntimeError(f"request {self.rid} has not arrived, been admitted and produced a token")
+        return self.arrival_t, self.admit_t, self.first_token_t
 
     def cost_nodes(self) -> tuple[tuple[int, int], ...]:
         return tuple((n.key, n.num_tokens) for n in self.nodes)
