@@ -10,7 +10,7 @@ import numpy as np
 
 from sglang_feather.admission import Admission
 from sglang_feather.sim.interface import PassContext, PolicySetup
-from sglang_feather.types import ChunkHash
+from sglang_feather.types import ChunkHash, RequestId
 
 # How it works.
 #
@@ -26,6 +26,13 @@ from sglang_feather.types import ChunkHash
 # `on_batch_drained` when no request runs any more, as in the SGLang and vLLM adapters. Each pass first
 # refreshes in the cache's LRU the prefixes Admission names from the head of the queue (`refresh.py`), as a
 # Feather server has SGLang's tree cache do.
+
+
+def _sim_id(request_id: RequestId) -> str:
+    """One of the simulator's request ids (a string) back from the admission, which takes any hashable id."""
+    if not isinstance(request_id, str):
+        raise TypeError(f"the simulator enqueued string ids, got {request_id!r}")
+    return request_id
 
 
 class FeatherPolicy:
@@ -65,8 +72,10 @@ class FeatherPolicy:
         self.admission.enqueue(rid, self._tokens[rid])
 
     def schedule(self, ctx: PassContext) -> None:
-        ctx.refresh_prefixes(self.admission.prefixes_to_refresh(ctx.waiting_ids()))
-        self.admission.select(ctx.num_running, fits=ctx.try_admit, headroom=ctx.kv_headroom)
+        ctx.refresh_prefixes([_sim_id(rid) for rid in self.admission.prefixes_to_refresh(ctx.waiting_ids())])
+        self.admission.select(
+            ctx.num_running, fits=lambda rid: ctx.try_admit(_sim_id(rid)), headroom=ctx.kv_headroom
+        )
 
     def on_admitted(self, rids: Sequence[str]) -> None:
         return None

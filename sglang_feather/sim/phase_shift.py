@@ -16,6 +16,7 @@ from sglang_feather.policy import make_policy
 from sglang_feather.sim.cost import PhysicsCostModel
 from sglang_feather.sim.cpu import FixedCpu, MeasuredCpu
 from sglang_feather.sim.engine import EngineConfig
+from sglang_feather.sim.feather import FeatherPolicy
 from sglang_feather.sim.interface import SimPolicy
 from sglang_feather.sim.metrics import RunLog
 from sglang_feather.sim.profile import load_profile
@@ -90,8 +91,10 @@ class PhasedStopper:
     """The simulator's Feather policy whose stopper becomes `stoppers[k]` at the first arrival of phase k."""
 
     def __init__(self, inner: SimPolicy, stoppers: Sequence[Stopper]) -> None:
+        if not isinstance(inner, FeatherPolicy):
+            raise TypeError(f"a stopper per phase needs the feather policy, not {inner.name!r}")
         self.inner = inner
-        self._stoppers = [make_policy(s.name, **s.options) for s in stoppers]
+        self._stoppers = [make_policy(s.name, seed=0, **s.options) for s in stoppers]
         self._phase = -1
 
     def on_arrival(self, rid: str) -> None:
@@ -138,7 +141,7 @@ def phase_stats(log: RunLog) -> list[PhaseStats]:
     ends = [*starts[1:], log.end_s]
     out = []
     for start, end in zip(starts, ends, strict=True):
-        edges = np.arange(start, end, WINDOW_S)
+        edges = [float(a) for a in np.arange(start, end, WINDOW_S)]
         windows = tuple(
             produced(log, a, min(a + WINDOW_S, end)) / WINDOW_S for a in edges if a + WINDOW_S <= end
         )
@@ -202,7 +205,8 @@ def oracle(trial: Trial, grid: Mapping[str, Stopper] = ORACLE_GRID) -> tuple[dic
             if candidate not in rows:
                 label = "oracle " + " / ".join(candidate)
                 rows[candidate] = trial.simulate(label, [grid[n] for n in candidate])
-        schedule = list(max(candidates, key=lambda c: rows[c]["tok_s"]))
+        chosen = max(candidates, key=lambda c: rows[c]["tok_s"])
+        schedule = list(chosen)
     final = dict(rows[tuple(schedule)], label="oracle " + " / ".join(schedule), schedule=schedule)
     return final, [*tried.values(), *rows.values()]
 

@@ -218,8 +218,8 @@ def wait_table(rows: list[tuple[str, list[WaitBin]]], over_s: float = 20.0) -> s
     cells = []
     for policy, bins in rows:
         for b in bins:
-            values = (policy, f"{b.min_len}-{b.max_len}", b.num_requests, b.wait_p50_s, b.wait_p90_s)
-            values += (b.wait_max_s, b.num_over)
+            span = f"{b.min_len}-{b.max_len}"
+            values = (policy, span, b.num_requests, b.wait_p50_s, b.wait_p90_s, b.wait_max_s, b.num_over)
             cells.append([fmt.format(v) for (_, fmt), v in zip(WAIT_COLUMNS, values, strict=True)])
     return _markdown([head, *cells])
 

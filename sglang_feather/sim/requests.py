@@ -36,7 +36,7 @@ class ReqState:
     fill_len: int = 0
     num_filled: int = 0
     num_private: int = 0
-    locked: list[int] = field(default_factory=list)
+    locked: list[ChunkHash] = field(default_factory=list)
     arrival_t: float | None = None
     admit_t: float | None = None
     first_token_t: float | None = None

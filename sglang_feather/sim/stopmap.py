@@ -118,7 +118,7 @@ def physical_cap(cost: PhysicsCostModel, prefix_len: int) -> int:
 
 def _variants(cap: int) -> list[tuple[str, str, dict[str, Any]]]:
     """(label, policy, admission options) per run of a cell."""
-    runs = [
+    runs: list[tuple[str, str, dict[str, Any]]] = [
         ("always", "feather", {"stopper": "always"}),
         (f"static (cap {cap})", "feather", {"stopper": "static", "stopper_options": {"max_groups": cap}}),
         *((name, "feather", {"stopper": name}) for name in LEARNERS),

@@ -53,8 +53,8 @@ class WorkloadConfig:
 
 def _order(reqs: list[SimRequest], spec: SharedPrefixSpec, rng: np.random.Generator) -> list[SimRequest]:
     """`reqs`, listed as generated, put in the spec's arrival order of their groups; then its arrival rate."""
-    first: dict[str, int] = {}
-    seen: Counter[str] = Counter()
+    first: dict[str | None, int] = {}
+    seen: Counter[str | None] = Counter()
     groups, members = [], []
     for r in reqs:
         groups.append(first.setdefault(r.group, len(first)))
