@@ -179,7 +179,7 @@ def format_summary(
         cells = {m.header: _cell(s.spreads[m.header], m.spec) for m in metrics}
         cells[ratio_header] = _cell(s.throughput_ratio, RATIO_SPEC)
         rows.append(
-            [s.policy, str(s.num_runs), f"{s.num_completed}/{s.num_requests}", *map(cells.get, columns)]
+            [s.policy, str(s.num_runs), f"{s.num_completed}/{s.num_requests}", *(cells[c] for c in columns)]
         )
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     lines = [

@@ -166,7 +166,7 @@ def event_source(tree_cache: Any) -> EventSource:
     )
     binding = getattr(recorder, "_binding", None)
     convert = getattr(sys.modules.get(type(recorder).__module__), "_kv_event_from_tagged", None)
-    if path != RUST_EVENT_PATH or binding is None or convert is None:
+    if path != RUST_EVENT_PATH or recorder is None or binding is None or convert is None:
         return EventSource(tree_cache.take_events)
 
     def converted(raw: list[Any]) -> list[Any]:

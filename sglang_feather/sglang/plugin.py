@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import pkgutil
+from collections.abc import Callable
 from typing import Any
 
 from sglang_feather.sglang.version import SUPPORTED_SGLANG, unsupported_version
@@ -172,7 +173,7 @@ def _after_merge_batch(_result: None, batch: Any, other: Any) -> None:
     after_merge(batch, other)
 
 
-HOOKS = {
+HOOKS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
     f"{SERVER_ARGS}.add_cli_args": (_after_add_cli_args, ("parser",)),
     f"{SERVER_ARGS}.from_cli_args": (_after_from_cli_args, ("args",)),
     f"{SCHEDULER}.init_schedule_policy": (_after_init_schedule_policy, ("self",)),

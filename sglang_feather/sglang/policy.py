@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang.srt.managers import schedule_policy as _sglang_policy
 
@@ -15,6 +15,11 @@ from sglang_feather.sglang.options import FEATHER, FeatherOptions
 from sglang_feather.sglang.runtime import FeatherRuntime
 
 AddReqResult = _sglang_policy.AddReqResult
+
+if TYPE_CHECKING:  # the mixin is only ever combined with SGLang's PrefillAdder (or a subclass), and reads it
+    _AdderHost = _sglang_policy.PrefillAdder
+else:
+    _AdderHost = object
 
 
 class FeatherSchedulePolicy(_sglang_policy.SchedulePolicy):
@@ -90,7 +95,7 @@ class FeatherSchedulePolicy(_sglang_policy.SchedulePolicy):
         return cls
 
 
-class FeatherAdderMixin:
+class FeatherAdderMixin(_AdderHost):
     """Consults Feather before SGLang's own `add_one_req`; SGLang's token and KV budgets still apply."""
 
     feather: FeatherRuntime

@@ -22,8 +22,8 @@ def prefill_budget_tokens(scheduler: Any) -> int | None:
     """The prompt tokens one prefill batch may compute: `max_prefill_tokens`, or `chunked_prefill_size` where
     chunked prefill is on and that is smaller; None where the scheduler says neither."""
     limits = [getattr(scheduler, name, None) for name in ("max_prefill_tokens", "chunked_prefill_size")]
-    limits = [limit for limit in limits if isinstance(limit, int) and limit > 0]
-    return min(limits) if limits else None
+    positive = [limit for limit in limits if isinstance(limit, int) and limit > 0]
+    return min(positive) if positive else None
 
 
 def on_policy_created(scheduler: Any) -> None:
@@ -68,7 +68,7 @@ def on_init_schedule_policy(scheduler: Any) -> None:
 def prefill_adder_class(scheduler: Any, base: type) -> type:
     """What `Scheduler.get_prefill_adder_class` returns: `base`, or Feather's subclass of it."""
     policy = getattr(scheduler, "policy", None)
-    if getattr(policy, "feather", None) is None:
+    if policy is None or getattr(policy, "feather", None) is None:
         return base
     return policy.prefill_adder_class(base)
 

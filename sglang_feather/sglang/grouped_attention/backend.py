@@ -7,7 +7,9 @@ from typing import Any
 
 import torch
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc, MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 from sglang_feather.sglang.grouped_attention.kernel import DecodePlan, grouped_decode, span_attention_for
 from sglang_feather.sglang.grouped_attention.names import GROUPED, GroupedAttentionError
@@ -24,10 +26,18 @@ class GroupedDecodeAttnBackend(TorchNativeAttnBackend):
     def __init__(self, model_runner: Any, observer: SegmentObserver) -> None:
         refuse_unservable(model_runner)
         super().__init__(model_runner)
+        kv_pool, req_pool = self.token_to_kv_pool, self.req_to_token_pool
+        if not isinstance(kv_pool, MHATokenToKVPool) or not isinstance(req_pool, ReqToTokenPool):
+            raise GroupedAttentionError(
+                f"attention backend {GROUPED} reads SGLang's MHA KV pool and request-to-token pool, got "
+                f"{type(kv_pool).__name__} and {type(req_pool).__name__}"
+            )
+        self.kv_pool: MHATokenToKVPool = kv_pool
+        self.req_pool: ReqToTokenPool = req_pool
         self.observer = observer
         self.plan: DecodePlan | None = None
         self.attend = span_attention_for(torch.device(self.device))
-        k_buffer = self.token_to_kv_pool.get_key_buffer(0)
+        k_buffer = kv_pool.get_key_buffer(0)
         self.kv_bytes_per_token = k_buffer[0].numel() * k_buffer.element_size()
         logger.info(
             "attention backend %s: prefix-grouped decode (each shared prefix read once per step; extend and "
@@ -44,22 +54,31 @@ class GroupedDecodeAttnBackend(TorchNativeAttnBackend):
         if seq_lens is None:
             return
         segments, rows = self.observer.observe(
-            self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, seq_lens
+            self.req_pool.req_to_token, forward_batch.req_pool_indices, seq_lens
         )
         self.plan = DecodePlan.build(segments, rows, self.kv_bytes_per_token)
 
-    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True):
+    def forward_decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
+        **kwargs: Any,
+    ) -> torch.Tensor:
         if self.plan is None:
-            return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+            return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
         if save_kv_cache and k is not None and v is not None:
-            self.token_to_kv_pool.set_kv_buffer(
+            self.kv_pool.set_kv_buffer(
                 layer, KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc), k, v
             )
         q = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
         out = grouped_decode(
             q,
-            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
-            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            self.kv_pool.get_key_buffer(layer.layer_id),
+            self.kv_pool.get_value_buffer(layer.layer_id),
             self.plan,
             layer.scaling,
             self.attend,
