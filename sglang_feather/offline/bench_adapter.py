@@ -185,8 +185,8 @@ def measure_cell(
         baseline_calc_priority_s=Spread.of([r.calc_priority_s for r in br]),
         baseline_pass_s=Spread.of([r.pass_s for r in br]),
         feather_pass_s=Spread.of([r.pass_s for r in fr]),
-        feather_adapter_s=Spread.of([r.adapter_s for r in fr]),
-        feather_step_adapter_s=Spread.of([r.adapter_s for r in sr]),
+        feather_adapter_s=Spread.of(_adapter_shares(fr)),
+        feather_step_adapter_s=Spread.of(_adapter_shares(sr)),
         feather_calc_priority_s=Spread.of([r.calc_priority_s for r in fr]),
         decode_step_s=Spread.of(decode_s),
         self_check_s=Spread.of(check_s),
@@ -195,6 +195,14 @@ def measure_cell(
         feather_admitted=round(statistics.median(len(r.admitted) for r in fr)),
         feather_step_admitted=round(statistics.median(len(r.admitted) for r in sr)),
     )
+
+
+def _adapter_shares(results: list[PassResult]) -> list[float]:
+    """Feather's share of each of a Feather side's passes (every one of them reports it)."""
+    shares = [r.adapter_s for r in results if r.adapter_s is not None]
+    if len(shares) != len(results):
+        raise RuntimeError("a Feather pass reported no adapter share")
+    return shares
 
 
 @dataclass(frozen=True)

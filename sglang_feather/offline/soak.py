@@ -8,6 +8,7 @@ import resource
 import time
 import tracemalloc
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,6 +17,9 @@ from sglang_feather.measure.workloads import ZipfGroups
 from sglang_feather.offline.adapter_harness import AdapterHarness
 from sglang_feather.offline.sglang_objects import make_req
 from sglang_feather.sglang.options import FEATHER, FeatherOptions
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
 
 NUM_GROUPS = 64
 
@@ -82,15 +86,30 @@ class SoakResult:
 
     @property
     def traced_growth_mb(self) -> float:
-        return self.at_end.traced_mb - self.after_warmup.traced_mb
+        start, end = self._measured()
+        return end.traced_mb - start.traced_mb
 
     @property
     def feather_traced_growth_mb(self) -> float:
-        return self.at_end.feather_traced_mb - self.after_warmup.feather_traced_mb
+        start, end = self._measured()
+        return end.feather_traced_mb - start.feather_traced_mb
 
     @property
     def rss_growth_mb(self) -> float:
-        return self.at_end.rss_mb - self.after_warmup.rss_mb
+        start, end = self._measured()
+        return end.rss_mb - start.rss_mb
+
+    def _measured(self) -> tuple[Checkpoint, Checkpoint]:
+        """The checkpoints growth is measured between: after the warm-up and at the end."""
+        if self.after_warmup is None or self.at_end is None:
+            raise ValueError("the soak has not run past its warm-up to its end")
+        return self.after_warmup, self.at_end
+
+
+def _is_done(req: Req) -> bool:
+    """Whether a running request has produced its `max_new_tokens` (every soak request sets it)."""
+    max_new = req.sampling_params.max_new_tokens
+    return max_new is not None and len(req.output_ids) >= max_new
 
 
 def _rss_mb() -> float:
@@ -140,7 +159,7 @@ class _Soak:
             h.merge(admitted)
             result.num_passes += 1
         h.decode_step()
-        for req in [r for r in h.running if len(r.output_ids) >= r.sampling_params.max_new_tokens]:
+        for req in [r for r in h.running if _is_done(r)]:
             h.finish(req)
             result.num_finished += 1
         if h.waiting and self.rng.random() < cfg.abort_p:

@@ -122,6 +122,9 @@ def run(
     due = [(r.arrival_step, next(order), r) for r in requests if r.follows is None]
     heapq.heapify(due)
     num_finished = 0
+    clock = driver.clock
+    if clock is None:
+        raise RuntimeError("the replay's driver keeps no clock")
     while due or driver.busy():
         if not driver.busy():
             meter.step = max(meter.step, due[0][0])
@@ -131,7 +134,7 @@ def run(
             meter.on_arrival(request.rid)
         if meter.step >= max_steps:
             raise RuntimeError(f"{policy_name} on {workload}: unfinished after {max_steps} steps")
-        driver.clock.now = 1000.0 + meter.step * STEP_S
+        clock.now = 1000.0 + meter.step * STEP_S
         driver.step()
         meter.step += 1
         for request_id in itertools.islice(driver.finished, num_finished, None):

@@ -185,7 +185,8 @@ class Driver:
         request_ids = list(output.num_scheduled_tokens)
         live = {request_id: self.scheduler.requests[request_id] for request_id in request_ids}
         sampled = [self._sample(live[request_id]) for request_id in request_ids]
-        index = (
+        # A keyword only some vLLM versions take: its name is checked where the flag is read, not here.
+        index: dict[str, Any] = (
             {"req_id_to_index": {rid: i for i, rid in enumerate(request_ids)}} if _HAS_REQ_ID_TO_INDEX else {}
         )
         runner_output = ModelRunnerOutput(req_ids=request_ids, sampled_token_ids=sampled, **index)

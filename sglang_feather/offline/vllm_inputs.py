@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 STEP_S = 0.05
 """Seconds one harness step stands for (the order of a GPU step with a prefill in it): arrival and think times
@@ -24,7 +24,7 @@ class EngineShape:
     enable_prefix_caching: bool = True
     long_prefill_token_threshold: int = 0
     """vLLM's cap on one prefill chunk (0: none); with it a long prompt is prefilled over several steps."""
-    policy: str = "fcfs"
+    policy: Literal["fcfs", "priority"] = "fcfs"
     feather: Mapping[str, Any] | None = None
     """The `additional_config["feather"]` section; None leaves it out."""
     num_kv_cache_groups: int = 1
