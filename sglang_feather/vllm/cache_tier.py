@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id, make_block_hash_with_group_id
@@ -12,6 +12,9 @@ from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 from sglang_feather.admission import Admission
 from sglang_feather.cht import HashChainError
 from sglang_feather.vllm.hashes import chunk_hash
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_utils import BlockHash, BlockHashWithGroupId
 
 logger = init_logger("vllm.feather")
 
@@ -59,7 +62,7 @@ class CacheFeed:
         self.group_id = group_id
         self.num_refused = 0
         """Chains the tier refused (`HashChainError`: two 8-byte chunk hashes collided); left uncached."""
-        self._reserved: list[bytes] = []
+        self._reserved: list[BlockHash] = []
         self._cache_full_blocks = pool.cache_full_blocks
         self._remove_cached_block_hashes = pool._remove_cached_block_hashes
         self._reset_prefix_cache = pool.reset_prefix_cache
@@ -93,7 +96,7 @@ class CacheFeed:
         if kv_cache_group_id == self.group_id:
             self._store(request.block_hashes, num_cached_blocks, num_full_blocks)
 
-    def remove_cached_block_hashes(self, block: Any) -> list[bytes]:
+    def remove_cached_block_hashes(self, block: Any) -> list[BlockHashWithGroupId]:
         removed = self._remove_cached_block_hashes(block)
         gone = [
             chunk_hash(get_block_hash(key))
@@ -113,7 +116,7 @@ class CacheFeed:
 
     # ------------------------------------------------------------------ LRU
 
-    def refresh(self, block_hashes: Sequence[bytes]) -> None:
+    def refresh(self, block_hashes: Sequence[BlockHash]) -> None:
         """Make the cached blocks of this prompt that no request uses the last vLLM evicts (`refresh.py`):
         vLLM reuses free blocks from the front of its queue, so they move to its end, the prompt's first block
         last, as vLLM's own free of a request orders them."""
@@ -133,7 +136,7 @@ class CacheFeed:
 
     # ------------------------------------------------------------------ this step's allocations
 
-    def reserve(self, block_hashes: Sequence[bytes], start: int, end: int) -> None:
+    def reserve(self, block_hashes: Sequence[BlockHash], start: int, end: int) -> None:
         """vLLM will register `block_hashes[start:end]` before it looks the next waiting request up."""
         chain = block_hashes[start:end]
         if chain and self._store_chain(chain, block_hashes[start - 1] if start else None):
@@ -148,14 +151,14 @@ class CacheFeed:
 
     # ------------------------------------------------------------------ internals
 
-    def holds(self, block_hash: bytes) -> bool:
+    def holds(self, block_hash: BlockHash) -> bool:
         """Whether vLLM's prefix cache holds this block hash (in this feed's group)."""
         return self._holds_key(make_block_hash_with_group_id(block_hash, self.group_id))
 
-    def _holds_key(self, key: bytes) -> bool:
+    def _holds_key(self, key: BlockHashWithGroupId) -> bool:
         return self.pool.cached_block_hash_to_block.get_one_block(key) is not None
 
-    def _store(self, block_hashes: Sequence[bytes], start: int, end: int) -> None:
+    def _store(self, block_hashes: Sequence[BlockHash], start: int, end: int) -> None:
         """The pool cached the request's blocks [start, end): the chain of those it holds, from the start."""
         chain = []
         for block_hash in block_hashes[start:end]:
@@ -165,7 +168,7 @@ class CacheFeed:
         if chain:
             self._store_chain(chain, block_hashes[start - 1] if start else None)
 
-    def _store_chain(self, chain: Sequence[bytes], parent: bytes | None) -> bool:
+    def _store_chain(self, chain: Sequence[BlockHash], parent: BlockHash | None) -> bool:
         try:
             self.admission.cache_stored(
                 [chunk_hash(h) for h in chain], None if parent is None else chunk_hash(parent)

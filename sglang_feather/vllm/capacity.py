@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import vllm
 from vllm.utils.math_utils import cdiv
@@ -11,6 +12,10 @@ from vllm.v1.request import RequestStatus
 
 from sglang_feather.admission import KvHeadroom
 from sglang_feather.types import RequestId
+from sglang_feather.vllm.ids import vllm_request_id
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_utils import BlockHash
 
 # How it works.
 #
@@ -38,7 +43,7 @@ _CAP_ONLY_WHEN_CHUNKED = not vllm.__version__.startswith(("0.32.", "0.33."))
 
 class CapacityEstimate:
     def __init__(
-        self, scheduler: Scheduler, reserve: Callable[[Sequence[bytes], int, int], None] | None = None
+        self, scheduler: Scheduler, reserve: Callable[[Sequence[BlockHash], int, int], None] | None = None
     ) -> None:
         self._scheduler = scheduler
         self._reserve = reserve
@@ -46,7 +51,7 @@ class CapacityEstimate:
         self._pool = scheduler.kv_cache_manager.block_pool
         self._group_ids = list(range(len(scheduler.kv_cache_config.kv_cache_groups)))
         self.can_probe_cache = scheduler.hash_block_size == scheduler.block_size
-        self._pending_hashes: set[bytes] = set()
+        self._pending_hashes: set[BlockHash] = set()
         """Hashes of blocks vLLM will have cached (at allocation) before it looks the next candidate up."""
         num_eligible = len(scheduler.running) + len(scheduler.waiting)
         config = scheduler.scheduler_config
@@ -72,7 +77,7 @@ class CapacityEstimate:
 
     def fits(self, request_id: RequestId) -> bool:
         """Whether vLLM can admit this waiting request after those that fitted before; reserves its share."""
-        request = self._scheduler.requests[request_id]
+        request = self._scheduler.requests[vllm_request_id(request_id)]
         if self.num_tokens_left <= 0:
             return False
         if request.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
@@ -104,7 +109,7 @@ class CapacityEstimate:
 
     def cached_tokens(self, request_id: RequestId) -> int:
         """The prompt prefix vLLM's prefix cache would give this waiting request if admitted next."""
-        return self._num_hit_blocks(self._scheduler.requests[request_id]) * self._block_size
+        return self._num_hit_blocks(self._scheduler.requests[vllm_request_id(request_id)]) * self._block_size
 
     def _num_hit_blocks(self, request) -> int:
         """vLLM never matches a whole prompt: its last token is always computed (vLLM 0.34 also bounds the hit
@@ -113,7 +118,7 @@ class CapacityEstimate:
         max_hit = limit() if limit is not None else request.num_tokens - 1
         return min(self._num_cached_blocks(request.block_hashes), max_hit // self._block_size)
 
-    def _will_register(self, block_hashes: Sequence[bytes], start: int, end: int) -> None:
+    def _will_register(self, block_hashes: Sequence[BlockHash], start: int, end: int) -> None:
         """vLLM registers these blocks when it allocates them, before it looks the next candidate up (blocks
         before `start` are registered already)."""
         if start >= end:
@@ -125,7 +130,7 @@ class CapacityEstimate:
     def _cap(self, num_tokens: int) -> int:
         return num_tokens if self._long_prefill <= 0 else min(num_tokens, self._long_prefill)
 
-    def _num_cached_blocks(self, block_hashes: list[bytes]) -> int:
+    def _num_cached_blocks(self, block_hashes: list[BlockHash]) -> int:
         if not self.can_probe_cache:
             return 0
         count = 0

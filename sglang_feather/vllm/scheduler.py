@@ -21,6 +21,7 @@ from sglang_feather.vllm.cache_tier import CacheFeed, unfed_reason
 from sglang_feather.vllm.capacity import CapacityEstimate
 from sglang_feather.vllm.config import admission_config, check_supported, check_vllm_version, state_tag
 from sglang_feather.vllm.hashes import request_chunk_hashes
+from sglang_feather.vllm.ids import vllm_request_id
 
 logger = init_logger("vllm.feather")
 """Under vLLM's logger tree, so the line shows in vLLM's own log output."""
@@ -117,7 +118,7 @@ class FeatherScheduler(Scheduler):
         if feed is not None:  # the waiting queue's cached prefixes stay fresh in vLLM's LRU (`refresh.py`)
             queue_ids = (request.request_id for request in self.waiting)
             for request_id in self.admission.prefixes_to_refresh(queue_ids):
-                feed.refresh(self.requests[request_id].block_hashes)
+                feed.refresh(self.requests[vllm_request_id(request_id)].block_hashes)
         estimate = CapacityEstimate(self, reserve=feed.reserve if feed is not None else None)
         plan = self.admission.select(
             len(self.running),
@@ -130,11 +131,11 @@ class FeatherScheduler(Scheduler):
         try:
             output = super().schedule(throttle_prefills)
         finally:
-            self.waiting.extend(held)
+            self._fcfs_waiting().extend(held)
             if feed is not None:
                 feed.settle()
         for request_id in plan.admitted:
-            if self.requests[request_id].status is not RequestStatus.RUNNING:
+            if self.requests[vllm_request_id(request_id)].status is not RequestStatus.RUNNING:
                 self.admission.retract(request_id)
         return output
 
@@ -174,9 +175,16 @@ class FeatherScheduler(Scheduler):
         rank = {request_id: i for i, request_id in enumerate(admitted)}
         chosen = sorted((r for r in self.waiting if r.request_id in rank), key=lambda r: rank[r.request_id])
         held = [r for r in self.waiting if r.request_id not in rank]
-        self.waiting.clear()
-        self.waiting.extend(chosen)
+        waiting = self._fcfs_waiting()
+        waiting.clear()
+        waiting.extend(chosen)
         return held
+
+    def _fcfs_waiting(self) -> FCFSRequestQueue:
+        """vLLM's waiting queue, the FCFS deque the adapter runs on (the constructor refuses any other)."""
+        if not isinstance(self.waiting, FCFSRequestQueue):
+            raise TypeError(f"FeatherScheduler runs on vLLM's FCFS queue, not {type(self.waiting).__name__}")
+        return self.waiting
 
 
 def _computed_prefill(output: SchedulerOutput) -> bool:
