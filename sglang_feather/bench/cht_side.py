@@ -121,7 +121,10 @@ def run_pass(tree: ChunkedHashTree, num_per_pass: int) -> PassResult:
 
 
 def picks(
-    workload: Workload, chunk_size: int, num_per_pass: int, tree_cls: Callable[[int], ChunkedHashTree] = new_tree
+    workload: Workload,
+    chunk_size: int,
+    num_per_pass: int,
+    tree_cls: Callable[[int], ChunkedHashTree] = new_tree,
 ) -> list[int]:
     """The request indices one pass admits, in pick order."""
     tree, _ = build_tree(workload, chunk_size, tree_cls)
@@ -202,7 +205,10 @@ def measure_cell(
 
 
 def run_sequence(
-    workload: Workload, chunk_size: int, plan: SequencePlan, tree_cls: Callable[[int], ChunkedHashTree] = new_tree
+    workload: Workload,
+    chunk_size: int,
+    plan: SequencePlan,
+    tree_cls: Callable[[int], ChunkedHashTree] = new_tree,
 ) -> ChtSequence:
     """All CHT work while `plan` drains the queue: inserts, each pass's best()/activate(), every finish."""
     tree = tree_cls(chunk_size)

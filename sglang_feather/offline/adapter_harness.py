@@ -13,7 +13,12 @@ from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from sglang_feather.offline import bench_baseline
-from sglang_feather.offline.sglang_objects import cpu_server_args, make_allocator, make_radix_cache
+from sglang_feather.offline.sglang_objects import (
+    cpu_server_args,
+    default_max_prefill_tokens,
+    make_allocator,
+    make_radix_cache,
+)
 from sglang_feather.sglang import plugin
 from sglang_feather.sglang.options import FEATHER, FeatherOptions, attach
 from sglang_feather.sglang.policy import FeatherSchedulePolicy
@@ -78,7 +83,7 @@ class AdapterHarness:
             cached, allocator=make_allocator(allocator_size), kv_events=self.is_feather
         )
         self.allocator = self.cache.token_to_kv_pool_allocator
-        self.max_prefill_tokens = server_args.max_prefill_tokens
+        self.max_prefill_tokens = default_max_prefill_tokens()
         self.max_running_requests = 1 << 20
         policy_cls = FeatherSchedulePolicy if self.is_feather else sglang_policy_class()
         self.scheduler = _SchedulerView(
@@ -150,7 +155,7 @@ class AdapterHarness:
         t0 = time.perf_counter()
         scheduler.policy.calc_priority(scheduler.waiting_queue, running)
         t1 = time.perf_counter()
-        adder_cls = PrefillAdder
+        adder_cls: type = PrefillAdder  # the hook returns a class (SGLang's, or Feather's subclass of it)
         if self.is_feather:
             adder_cls = plugin._after_get_prefill_adder_class(PrefillAdder, scheduler)
         adder = adder_cls(

@@ -12,7 +12,7 @@ from sglang_feather.measure.workloads import Workload
 from sglang_feather.offline.sglang_objects import (
     UNIFIED,
     cache_prompt,
-    cpu_server_args,
+    default_max_prefill_tokens,
     describe_tree_cache,
     make_radix_cache,
     make_req,
@@ -72,8 +72,8 @@ def tree_cache(kind: str = UNIFIED) -> str:
 
 
 def prefill_token_budget() -> int:
-    """SGLang's default `--max-prefill-tokens`: the new (uncached) tokens one prefill pass may take."""
-    return cpu_server_args().max_prefill_tokens
+    """The token budget of one pass (`default_max_prefill_tokens`)."""
+    return default_max_prefill_tokens()
 
 
 def prefix_match_cap() -> int:

@@ -6,6 +6,7 @@ import warnings
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -20,6 +21,7 @@ def quiet_sglang() -> Iterator[None]:
 
 with quiet_sglang():
     import torch
+    from sglang.srt.arg_groups.fields.schedule import Schedule
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache, InsertParams, MatchPrefixParams
@@ -39,10 +41,31 @@ CACHE_KINDS = (UNIFIED, PYTHON)
 """`make_radix_cache` kinds: what a server builds, and SGLang's older Python `RadixCache` (comparison only)."""
 DEFAULT_KV_TOKENS = 16384
 
+TreeCache = UnifiedRadixCache | RadixCache
+"""What `make_radix_cache` builds: a server's tree cache, or SGLang's older Python one."""
+
+if TYPE_CHECKING:
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.mem_cache.memory_pool import KVCache
+
+# Objects SGLang's constructors declare and the CPU harness has none of: no KV storage (the allocator only
+# keeps its pool; slots are handed out, never written) and no model (the unified tree cache reads no config).
+NO_KV_STORAGE = cast("KVCache", None)
+NO_MODEL_CONFIG = cast("ModelConfig", None)
+
 
 def cpu_server_args(model_path: str = "dummy") -> ServerArgs:
     """SGLang's defaults for a CPU server of `model_path` (a placeholder needs no model files)."""
-    return ServerArgs(model_path=model_path, device="cpu")
+    # ServerArgs gathers its fields from SGLang's option namespaces when it is imported (msgspec.defstruct), so a
+    # type checker sees a class without them: the keywords go in as a mapping.
+    fields: dict[str, Any] = {"model_path": model_path, "device": "cpu"}
+    return ServerArgs(**fields)
+
+
+def default_max_prefill_tokens() -> int:
+    """SGLang's default `--max-prefill-tokens`: the new (uncached) tokens one prefill pass may take (its
+    `Schedule` options, which `ServerArgs` gathers)."""
+    return Schedule().max_prefill_tokens
 
 
 def publish_cpu_context(
@@ -87,7 +110,7 @@ def make_req(
 
 def make_allocator(num_tokens: int = DEFAULT_KV_TOKENS) -> TokenToKVPoolAllocator:
     """A CPU float16 token-to-KV allocator of `num_tokens` slots."""
-    return TokenToKVPoolAllocator(num_tokens, torch.float16, "cpu", None, False)
+    return TokenToKVPoolAllocator(num_tokens, torch.float16, "cpu", NO_KV_STORAGE, False)
 
 
 def make_radix_cache(
@@ -99,7 +122,7 @@ def make_radix_cache(
     page_size: int = 1,
     num_kv_tokens: int | None = None,
     kv_events: bool = False,
-) -> BasePrefixCache:
+) -> TreeCache:
     """The tree cache a CPU server builds (`kind="python"`: SGLang's older Python `RadixCache`), holding `cached`.
 
     Without an `allocator` one of `num_kv_tokens` slots is made (default: room for `cached` and
@@ -122,7 +145,7 @@ def make_radix_cache(
     return cache
 
 
-def _build_cache(kind: str, params: CacheInitParams) -> BasePrefixCache:
+def _build_cache(kind: str, params: CacheInitParams) -> TreeCache:
     if kind == PYTHON:
         return RadixCache(params)
     if kind != UNIFIED:
@@ -148,7 +171,7 @@ def server_tree_cache(params: CacheInitParams) -> UnifiedRadixCache:
                 enable_hierarchical_cache=False,
                 disable_radix_cache=False,
                 tp_worker=None,
-                model_config=None,
+                model_config=NO_MODEL_CONFIG,
                 tp_size=1,
                 tp_rank=0,
                 tp_group=None,
@@ -170,7 +193,7 @@ def describe_tree_cache(cache: BasePrefixCache) -> str:
 
 
 def cache_prompt(
-    cache: BasePrefixCache, tokens: Sequence[int] | np.ndarray, value: torch.Tensor | None = None
+    cache: TreeCache, tokens: Sequence[int] | np.ndarray, value: torch.Tensor | None = None
 ) -> None:
     """What prefill leaves behind: the tokens' KV in the tree.
 

@@ -22,6 +22,7 @@ with quiet_sglang():
     from sglang.srt.managers.schedule_policy import SchedulePolicy
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 # How it works.
 #
@@ -67,7 +68,10 @@ class RadixMirror:
     """SGLang's tree cache kept equal, prefix for prefix, to the simulator's block cache of `capacity_tokens`."""
 
     def __init__(self, capacity_tokens: int) -> None:
-        self.tree = make_radix_cache(num_kv_tokens=max(capacity_tokens, 1))
+        tree = make_radix_cache(num_kv_tokens=max(capacity_tokens, 1))
+        if not isinstance(tree, UnifiedRadixCache):  # the default kind: what a server builds
+            raise TypeError(f"the radix mirror runs on SGLang's UnifiedRadixCache, got {type(tree).__name__}")
+        self.tree = tree
 
     def insert(self, path: np.ndarray) -> None:
         cache_prompt(self.tree, path)
@@ -90,7 +94,7 @@ class RadixMirror:
     def _evictable_tail(self, leaf, start: int) -> list:
         """Node ids from `leaf` up that lie wholly at or past `start` and hold only the path below them."""
         (path,) = self.tree.tree_core.collect_path_info([leaf])
-        tail = []
+        tail: list[int] = []
         for node in reversed(path):
             if node.path_start < start or node.num_children != (1 if tail else 0):
                 break
