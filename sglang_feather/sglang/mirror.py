@@ -240,6 +240,15 @@ class QueueMirror:
         for rid in list(self._entries):
             self._drop(rid)
 
+    def forget(self) -> None:
+        """Forget every request without telling the admission component (which forgot them itself), as a new
+        mirror would start."""
+        self._entries.clear()
+        self._seqs.clear()
+        self._num_changes = 0
+        self._next_seq = 0
+        self._in_order = array("q")
+
     def _ensure_waiting(self, req: Any) -> None:
         entry = self._entries.get(req.rid)
         if entry is None:
