@@ -45,6 +45,6 @@ class InvalidNamespace(CHTError, TypeError):
 
 
 class InvalidPages(CHTError, ValueError):
-    """An engine's KV-cache page event the adapters cannot translate: page hashes that are not integers in
-    int64 or repeat within one chain, a page size that is not an integer in [1, 2**32), or tokens that do not
-    fill the pages."""
+    """An engine's KV-cache page event the adapters cannot translate: page hashes that are not integers (ints
+    or numpy integers) or repeat within one chain, a page size that is not an integer in [1, 2**32), or tokens
+    that do not fill the pages."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import operator
-from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -27,35 +26,39 @@ from sglang_feather.types import ChunkHash
 # last token is; evicting a page uncaches the chunk its first token belongs to, if that chunk ends in the
 # page's run (the cache tier drops whatever extends it); a span of consecutive pages of one run (how SGLang
 # lists an evicted node) takes one step per chunk, not per page. A run goes with its last mapped page. Every
-# event is checked here, once, before anything changes: page hashes are integers in int64 (SGLang's are signed
-# 64-bit; numpy integers count, floats do not), a page size an integer in [1, 2**32), token ids as the CHT's
-# insert takes them, the tokens fill the pages and no page repeats within a chain; anything else raises the
-# CHT's `InvalidPages` or `InvalidTokens` with nothing changed. A chain below a page the translator does not
+# event is checked here, once, before anything changes: page hashes are integers (SGLang's are signed 64-bit
+# ints; numpy integers count, bools and floats do not: a float equal to a page's hash would name it), a page
+# size an integer in [1, 2**32), token ids as the CHT's insert takes them, the tokens fill the pages and no
+# page repeats within a chain; anything else raises the CHT's `InvalidPages` or `InvalidTokens` with nothing
+# changed. A chain below a page the translator does not
 # hold (stored before it started, or past its run's tokens) is well formed but cannot be placed: `store`
 # returns None.
 
 _Stored = tuple[list[ChunkHash], ChunkHash | None]
-_INT64 = range(-(2**63), 2**63)
+_INT = {int}
 
 
 def checked_pages(pages: Iterable[int] | np.ndarray) -> list[int]:
-    """An event's page hashes, validated: integers in int64 (anything `operator.index` takes: ints, numpy
-    integers), else `InvalidPages`. One C-level pass (`array('q')`) checks a list of ints."""
+    """An event's page hashes as a list of ints: each an integer (an int or a numpy integer; not a bool, a
+    float or anything else), else `InvalidPages`. The engine's hashes are opaque keys, so any integer names a
+    page; a list of ints is checked by one C-level pass over the types of its items."""
     if isinstance(pages, np.ndarray):
         if pages.ndim != 1 or (pages.size and pages.dtype.kind not in "iu"):
             raise InvalidPages(f"page hashes must be 1-D integers, got {pages.dtype} of shape {pages.shape}")
-        if pages.dtype.kind == "u" and pages.size and int(pages.max()) >= 2**63:
-            raise InvalidPages("page hashes must lie in int64")
-        return pages.astype(np.int64).tolist()
+        return pages.tolist()
     if isinstance(pages, str | bytes):
         raise InvalidPages(f"page hashes must be a sequence of integers, got {type(pages).__name__}")
     try:
-        ids = array("q", pages)
-    except TypeError as err:
-        raise InvalidPages(f"page hashes must be a sequence of integers: {err}") from None
-    except OverflowError:
-        raise InvalidPages("page hashes must lie in int64 (an engine's page hash is signed 64-bit)") from None
-    return pages if type(pages) is list else ids.tolist()
+        listed = pages if type(pages) is list else list(pages)
+    except TypeError:
+        raise InvalidPages(f"page hashes must be a sequence of integers, got {type(pages).__name__}") from None
+    types = set(map(type, listed))
+    if types <= _INT:
+        return listed
+    if not all(issubclass(kind, np.integer) or kind is int for kind in types):
+        odd = next(kind for kind in types if not (kind is int or issubclass(kind, np.integer)))
+        raise InvalidPages(f"page hashes must be integers, got a {odd.__name__}")
+    return list(map(int, listed))
 
 
 def checked_page_size(page_size: int) -> int:
@@ -70,16 +73,13 @@ def checked_page_size(page_size: int) -> int:
 
 
 def checked_parent(parent: int | None) -> int | None:
-    """A chain's parent page: None (a prompt's start) or a page hash in int64, else `InvalidPages`."""
-    if parent is None:
-        return None
-    try:
-        page = operator.index(parent)
-    except TypeError:
-        raise InvalidPages(f"a parent page is an integer or None, got {parent!r}") from None
-    if page not in _INT64:
-        raise InvalidPages(f"a parent page hash lies in int64, got {page}")
-    return page
+    """A chain's parent page: None (a prompt's start) or a page hash (an integer, as `checked_pages` takes
+    them), else `InvalidPages`."""
+    if parent is None or type(parent) is int:
+        return parent
+    if not isinstance(parent, np.integer):
+        raise InvalidPages(f"a parent page is an integer or None, got {parent!r}")
+    return int(parent)
 
 
 @dataclass(slots=True, eq=False)
@@ -180,7 +180,7 @@ class PageRuns:
 
     def remove(self, pages: Iterable[int]) -> list[ChunkHash]:
         """The engine evicted `pages`: the chunk hashes that uncaches, each once, in first-seen order (pages it
-        does not hold are ignored). `InvalidPages` for a page hash that is not an integer in int64, with
+        does not hold are ignored). `InvalidPages` for a page hash that is not an integer (`checked_pages`), with
         nothing changed."""
         pages = checked_pages(pages)
         runs = list(map(self._runs.pop, pages, repeat(None, len(pages))))  # one C-level pass

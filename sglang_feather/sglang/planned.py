@@ -79,7 +79,7 @@ class PlannedPasses:
         """Plan this pass's first block."""
         self.num_planned_passes += 1
         self.planned, self.picks, self.planned_can_run = [], [], None
-        self._moved_mark = len(self.slots.moved)
+        self._moved_mark = self.slots.num_moved
         self._refused = False
         if self._budget_chunks is None:
             self._block = self.last_num_admitted + 1
@@ -139,7 +139,7 @@ class PlannedPasses:
         num_admitted = 0 if can_run is None else len(can_run) - self.planned_mark  # `num_planned_admitted`
         self.close()
         mark = self._moved_mark
-        del self.slots.moved[mark : mark + num_admitted]  # SGLang's filter takes the admitted ones out
+        self.slots.drop_moved(mark, num_admitted)
         stats = self.admission.stats
         num_consults, num_group = stats.num_consults, stats.num_group_consults
         admitted = self.admission.settle(num_admitted, self._refused)

@@ -209,7 +209,7 @@ class FeatherRuntime:
     def begin_pass(self, waiting_queue: list[Any], running: Sequence[Any]) -> None:
         """Called from `calc_priority`: put Feather's first candidate at the head of `waiting_queue`."""
         t0 = time.perf_counter()
-        self.slots.queue = waiting_queue
+        self.slots.begin_pass(waiting_queue)
         self._pick = None
         self._fcfs_pass = False
         try:
@@ -312,7 +312,7 @@ class FeatherRuntime:
         """Move the admission's next pick into `queue[slot]`, the next one SGLang's loop reaches."""
         pick = self.admission.next_pick(None if self.events is not None else self._cached_tokens)
         self._pick = pick
-        if pick is None or self.slots.queue is None:
+        if pick is None or not self.slots.in_pass:
             return
         self._pick_req = self.mirror.request(pick.request_id)
         self.slots.move_to(self._pick_req, slot)
@@ -392,7 +392,7 @@ class FeatherRuntime:
     def end_step(self, scheduler: Any, plan: Any) -> None:
         """After `get_next_batch_to_run`: reward bookkeeping, metrics, the periodic self-check."""
         t0 = time.perf_counter()
-        self.slots.queue = None
+        self.slots.end_pass()
         self._pick = self._pick_req = None
         try:
             self._record(self.plans.settle())
@@ -457,7 +457,7 @@ class FeatherRuntime:
     def _sync(self, waiting: Sequence[Any], active: Sequence[Any], *, complete: bool) -> int:
         """`QueueMirror.sync`, which numbers the waiting queue in its order: the picks Feather moved to its head
         are then in queue-number order where they are, so none is put back."""
-        self.slots.moved.clear()
+        self.slots.forget_moved()
         return self.mirror.sync(waiting, active, complete=complete)
 
     def _drifted(self, num_changes: int) -> None:

@@ -37,6 +37,17 @@ class QueueSlots:
         self.num_misses = 0
         """Times a pick was not where its rank in the mirror's sorted part said (found by bisection or scan)."""
 
+    def begin_pass(self, queue: list[Any]) -> None:
+        """A pass starts on SGLang's waiting queue (`queue`, moved in place)."""
+        self.queue = queue
+
+    def end_pass(self) -> None:
+        self.queue = None
+
+    @property
+    def in_pass(self) -> bool:
+        return self.queue is not None
+
     def slot_after(self, req: Any) -> int | None:
         """The slot after `req`, just admitted (None: no pass runs, or `req` is not in the queue)."""
         queue = self.queue
@@ -73,6 +84,19 @@ class QueueSlots:
             self.moved.pop()
         else:
             self.mirror.take_out(req)
+
+    @property
+    def num_moved(self) -> int:
+        return len(self.moved)
+
+    def drop_moved(self, start: int, num: int) -> None:
+        """`moved[start : start + num]` were admitted (SGLang's filter takes them out of the queue)."""
+        del self.moved[start : start + num]
+
+    def forget_moved(self) -> None:
+        """The mirror renumbered the queue as it is: the moved requests are in queue-number order where they
+        are, so none is put back."""
+        self.moved.clear()
 
     def check_order(self, waiting_queue: Sequence[Any]) -> None:
         """Invariant, between passes: the mirror's sorted part is the waiting queue less the picks moved to its
