@@ -51,7 +51,9 @@ def checked_pages(pages: Iterable[int] | np.ndarray) -> list[int]:
     try:
         listed = pages if type(pages) is list else list(pages)
     except TypeError:
-        raise InvalidPages(f"page hashes must be a sequence of integers, got {type(pages).__name__}") from None
+        raise InvalidPages(
+            f"page hashes must be a sequence of integers, got {type(pages).__name__}"
+        ) from None
     types = set(map(type, listed))
     if types <= _INT:
         return listed

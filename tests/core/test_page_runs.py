@@ -16,7 +16,6 @@ from sglang_feather.cht.errors import InvalidPages, InvalidTokens
 from sglang_feather.sglang.page_runs import PageRuns
 
 
-
 def digest(tokens) -> int:
     return xxhash.xxh64_intdigest(struct.pack(f"<{len(tokens)}I", *tokens))
 
