@@ -72,8 +72,8 @@ test: setup
 # The admission and SGLang-object suites once more on the pure-Python CHT core (what a failed build of the
 # compiled one installs), on 2 workers. tests/cht runs both cores already (each against the reference model);
 # the simulator (tests/sim) drives the same Admission calls as tests/core; the patch tests (patched SGLang in
-# subprocesses) call the same adapter code tests/sglang covers; the soak and the page translators' state
-# machine (tests/core/test_page_runs.py) run both cores or twins themselves; the cache-event feed's
+# subprocesses) call the same adapter code tests/sglang covers; the soak runs both cores itself; the page
+# translator's state machine (tests/core/test_page_runs.py) uses no CHT core; the cache-event feed's
 # equivalence with SGLang's match (tests/sglang/test_cache_events.py, 155 s on this core in CI) compares
 # SGLang's caches with the cache tier, which tests/cht holds to one reference on both cores; the grouped
 # attention backend (tests/sglang/test_grouped_*.py) uses no CHT. tests/sglang last: its modules import its

@@ -13,19 +13,17 @@ from sglang_feather.cht import backend_name
 
 PAGE_SIZES = (1, 16)
 """SGLang's default page size (and this CPU server's), and a paged one."""
-TWIN_NAMES = ("native", "python")
 
 
-def run(page_sizes, prompt_lens, num_prompts: int, rounds: int, twins, seed: int = 0) -> dict:
+def run(page_sizes, prompt_lens, num_prompts: int, rounds: int, seed: int = 0) -> dict:
     from sglang_feather.offline.bench_adapter import measure_events
 
     started = time.time()
     load_before = os.getloadavg()
     events = [
-        asdict(measure_events(page_size, prompt_len, num_prompts, rounds, seed, twin))
+        asdict(measure_events(page_size, prompt_len, num_prompts, rounds, seed))
         for page_size in page_sizes
         for prompt_len in prompt_lens
-        for twin in twins
     ]
     meta = {
         **run_meta(started, load_before),
@@ -47,13 +45,13 @@ def table(events) -> list[str]:
         "SGLang records = what SGLang itself spends recording the same store events (insert with events on and "
         "`take_events`, less the insert with events off).",
         "",
-        "| page | prompt | prompts a round | chunks a round | translator | store µs/chunk | first round's store "
+        "| page | prompt | prompts a round | chunks a round | store µs/chunk | first round's store "
         "| evict µs/chunk | SGLang records µs/chunk |",
-        "|---:|---:|---:|---:|---|---|---:|---|---|",
+        "|---:|---:|---:|---:|---|---:|---|---|",
     ]
     for e in events:
         lines.append(
-            f"| {e['page_size']} | {e['prompt_len']} | {e['num_prompts']} | {e['num_chunks']} | {e['page_runs']} "
+            f"| {e['page_size']} | {e['prompt_len']} | {e['num_prompts']} | {e['num_chunks']} "
             f"| {_spread(e['store_us_per_chunk'])} | {e['first_store_us_per_chunk']:.2f} "
             f"| {_spread(e['evict_us_per_chunk'])} | {_spread(e['record_us_per_chunk'])} |"
         )
@@ -66,16 +64,6 @@ def markdown(result: dict) -> str:
     return "\n".join(head + table(result["events"]))
 
 
-def twin_list(text: str) -> tuple[str, ...]:
-    names = tuple(text.split(","))
-    unknown = [n for n in names if n not in TWIN_NAMES]
-    if unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown translator {unknown}; expected some of {', '.join(TWIN_NAMES)}"
-        )
-    return names
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--page-sizes", type=int_list, default=PAGE_SIZES, help="comma list of SGLang page sizes"
@@ -85,11 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--prompts", type=int, default=20, help="prompts cached and evicted a round")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--twins", type=twin_list, default=TWIN_NAMES, help="translators: native,python")
     parser.add_argument("--seed", type=int, default=0)
     add_json_flag(parser)
 
 
 def main(args: argparse.Namespace) -> int:
-    result = run(args.page_sizes, args.prompt_lens, args.prompts, args.rounds, args.twins, args.seed)
+    result = run(args.page_sizes, args.prompt_lens, args.prompts, args.rounds, args.seed)
     return publish(markdown(result), result, args.json)

@@ -85,8 +85,17 @@ def take_picks_stepwise(
     max_missing: int = sys.maxsize,
     first: RequestId | None = None,
 ) -> TakenPicks:
-    """What `take_picks` does, one `candidate` / `best` / `suspend` / `activate` at a time (the Python core and
-    the reference model run this; the compiled core is held to it)."""
+    """What every core's `take_picks(max_picks, skip_running_uncached, max_missing=None, first=None)` does, one
+    `candidate` / `best` / `suspend` / `activate` at a time (the Python core and the reference model run this;
+    the compiled core runs its own loop and is held to it).
+
+    Up to `max_picks` picks of `best()`, each activated before the next is taken (the last one only when
+    nothing is left after it); with `skip_running_uncached`, a best whose prefix runs uncached
+    (`Candidate.runs_uncached`) is suspended and passed over; with `max_missing` (>= 1), the pick whose
+    `num_missing` brings the picks' sum to it is the last (what an engine's prefill budget admits, in chunks).
+    `first`, a waiting request (the aging guard's due one), is the first pick, as `candidate` describes it;
+    with `skip_running_uncached` a `first` whose prefix runs uncached is suspended and nothing is taken. What a
+    pass planned ahead takes while no request can fall due, in one call."""
     picks: list[Candidate] = []
     skipped: list[RequestId] = []
     ends: list[int] = []
@@ -120,33 +129,13 @@ def take_picks_stepwise(
     return TakenPicks(picks, skipped, ends, False)
 
 
-class TakesPicks:
-    """`take_picks` with its arguments checked, for every core: `_take_checked` takes them, through
-    `take_picks_stepwise` for a tree with the `_Steps` methods (the Python core, the reference model); the
-    compiled core overrides it with its own loop."""
-
-    def take_picks(
-        self,
-        max_picks: int,
-        skip_running_uncached: bool,
-        max_missing: int | None = None,
-        first: RequestId | None = None,
-    ) -> TakenPicks:
-        """Up to `max_picks` picks of `best()`, each activated before the next is taken (the last one only when
-        nothing is left after it); with `skip_running_uncached`, a best whose prefix runs uncached
-        (`Candidate.runs_uncached`) is suspended and passed over; with `max_missing` (>= 1), the pick whose
-        `num_missing` brings the picks' sum to it is the last (what an engine's prefill budget admits, in
-        chunks). `first`, a waiting request (the aging guard's due one), is the first pick, as `candidate`
-        describes it; with `skip_running_uncached` a `first` whose prefix runs uncached is suspended and
-        nothing is taken. What a pass planned ahead takes while no request can fall due, in one call."""
-        return self._take_checked(
-            checked_count("max_picks", max_picks),
-            bool(skip_running_uncached),
-            checked_max_missing(max_missing),
-            first,
-        )
-
-    def _take_checked(
-        self, max_picks: int, skip_running_uncached: bool, max_missing: int, first: RequestId | None
-    ) -> TakenPicks:
-        return take_picks_stepwise(self, max_picks, skip_running_uncached, max_missing, first)
+def checked_picks(
+    max_picks: int, skip_running_uncached: bool, max_missing: int | None
+) -> tuple[int, bool, int]:
+    """`take_picks`' arguments checked, as every core checks them: `max_picks` a count, `max_missing` (None: no
+    budget) at least 1."""
+    return (
+        checked_count("max_picks", max_picks),
+        bool(skip_running_uncached),
+        checked_max_missing(max_missing),
+    )

@@ -42,3 +42,9 @@ class InvalidDepth(CHTError, ValueError):
 
 class InvalidNamespace(CHTError, TypeError):
     """A namespace (LoRA id, cache salt) that is neither a str nor None."""
+
+
+class InvalidPages(CHTError, ValueError):
+    """An engine's KV-cache page event the adapters cannot translate: page hashes that are not integers (ints
+    or numpy integers) or repeat within one chain, a page size that is not an integer in [1, 2**32), or tokens
+    that do not fill the pages."""

@@ -24,26 +24,25 @@ def check_tree(tree: PythonTree) -> None:
 
     num_active: Counter = Counter()
     num_waiting: Counter = Counter()
+    active, nodes = tree._running.requests, tree._trie.nodes
     for rid, req in tree._requests.items():
         _require(req.id == rid, f"request {rid!r} is filed under another id")
         _require(req.state in (RequestState.WAITING, RequestState.ACTIVE), f"request {rid!r} has no state")
-        _require((rid in tree._active) == (req.state is RequestState.ACTIVE), f"active map wrong for {rid!r}")
-        parent = tree._root
+        _require((rid in active) == (req.state is RequestState.ACTIVE), f"active map wrong for {rid!r}")
+        parent = tree._trie.root
         for depth, node in enumerate(req.path, start=1):
-            _require(
-                node.is_alive and tree._nodes.get(node.hash) is node, f"dead/unregistered node in {rid!r}"
-            )
+            _require(node.is_alive and nodes.get(node.hash) is node, f"dead/unregistered node in {rid!r}")
             _require(
                 node.parent is parent and node.depth == depth, f"broken chain in {rid!r} at depth {depth}"
             )
             (num_active if req.state is RequestState.ACTIVE else num_waiting)[id(node)] += 1
             parent = node
-    _require(len(tree._active) <= len(tree._requests), "more active than requests")
-    for node in tree._nodes.values():
+    _require(len(active) <= len(tree._requests), "more active than requests")
+    for node in nodes.values():
         _require(node.num_active == num_active[id(node)], f"num_active wrong at depth {node.depth}")
         _require(node.num_waiting == num_waiting[id(node)], f"num_waiting wrong at depth {node.depth}")
         _require(node.num_active + node.num_waiting > 0, f"unreferenced node kept at depth {node.depth}")
-    num_groups = sum(1 for node in tree._nodes.values() if node.depth == 1 and node.num_active > 0)
+    num_groups = sum(1 for node in nodes.values() if node.depth == 1 and node.num_active > 0)
     _require(
         tree.num_running_groups == num_groups,
         f"{tree.num_running_groups} running groups counted, recount says {num_groups}",
@@ -56,9 +55,9 @@ def check_tree(tree: PythonTree) -> None:
 
 
 def _check_shared(tree: PythonTree) -> None:
-    paths = [req.path for req in tree._active.values()]
+    paths = [req.path for req in tree._running.requests.values()]
     if not paths:
-        _require(tree._shared is None, "shared prefix set with no running request")
+        _require(tree.shared_depth == 0, "shared prefix set with no running request")
         return
     depth = 0
     while all(len(p) > depth for p in paths) and len({id(p[depth]) for p in paths}) == 1:
@@ -68,14 +67,14 @@ def _check_shared(tree: PythonTree) -> None:
 
 def _check_cache(tree: PythonTree) -> None:
     """The cache tier is closed under prefixes, its child sets match it, and every node's flag follows it."""
-    cache, children = tree._cache, tree._cache_children
+    cache, children = tree._tier.parents, tree._tier.children()
     recount: dict = {}
     for chunk_hash, parent in cache.items():
         _require(parent is None or parent in cache, f"cached hash {chunk_hash!r} has an uncached parent")
         if parent is not None:
             recount.setdefault(parent, set()).add(chunk_hash)
     _require(recount == children, "the cache tier's child sets disagree with its parents")
-    for node in tree._nodes.values():
+    for node in tree._trie.nodes.values():
         above = node.parent.hash if node.depth > 1 else None
         expected = cache.get(node.hash, ()) == above and (node.depth == 1 or node.parent.cached)
         _require(node.cached == expected, f"cached flag wrong at depth {node.depth}")
@@ -95,8 +94,9 @@ def _check_bounds(tree: PythonTree) -> None:
     """Every heap is bounded by the live items it indexes (the compaction thresholds)."""
     from sglang_feather.cht.nodes import COMPACT_MIN
 
-    _require(not tree._root.candidates, "the root has candidates: strangers are ranked by arrival")
-    for node in tree._nodes.values():
+    nodes = tree._trie.nodes
+    _require(not tree._trie.root.candidates, "the root has candidates: strangers are ranked by arrival")
+    for node in nodes.values():
         live = node.num_waiting + node.num_active
         _require(len(node.candidates) <= 4 * live + COMPACT_MIN, f"candidate heap unbounded at {node.depth}")
         _require((node.arrivals is not None) == (node.depth == 1), "arrival heap on a deeper node")
@@ -104,9 +104,10 @@ def _check_bounds(tree: PythonTree) -> None:
             _require(len(node.arrivals) <= 4 * live + COMPACT_MIN, "arrival heap unbounded")
         else:
             _require(node.stranger_key is None, "stranger key on a deeper node")
-    _require(len(tree._global) <= 2 * len(tree._nodes) + COMPACT_MIN, "global heap unbounded")
-    _require(len(tree._strangers) <= 2 * len(tree._nodes) + COMPACT_MIN, "stranger heap unbounded")
-    _require(len(tree._by_arrival) <= 2 * len(tree._requests) + COMPACT_MIN, "arrival order unbounded")
+    global_heap, strangers, by_arrival = tree._ranking.heaps()
+    _require(len(global_heap) <= 2 * len(nodes) + COMPACT_MIN, "global heap unbounded")
+    _require(len(strangers) <= 2 * len(nodes) + COMPACT_MIN, "stranger heap unbounded")
+    _require(len(by_arrival) <= 2 * len(tree._requests) + COMPACT_MIN, "arrival order unbounded")
 
 
 def _check_lower_bounds(tree: PythonTree) -> None:
@@ -121,12 +122,14 @@ def _check_lower_bounds(tree: PythonTree) -> None:
     from sglang_feather.cht.nodes import RequestState
 
     entries: dict[tuple[int, int], set[tuple]] = {}
-    for node in [tree._root, *tree._nodes.values()]:
+    nodes = tree._trie.nodes
+    for node in [tree._trie.root, *nodes.values()]:
         for entry in node.candidates:
             entries.setdefault((id(node), id(entry[3])), set()).add(entry[:2])
-    live_global = _live_entries(tree._global, 6, 5, "global_key")
-    live_strangers = _live_entries(tree._strangers, 3, 2, "stranger_key")
-    for node in tree._nodes.values():
+    global_heap, strangers, by_arrival = tree._ranking.heaps()
+    live_global = _live_entries(global_heap, 6, 5, "global_key")
+    live_strangers = _live_entries(strangers, 3, 2, "stranger_key")
+    for node in nodes.values():
         _require(
             node.global_key is None or live_global.get(id(node)) == node.global_key,
             f"node at depth {node.depth} records a global key with no entry in the global heap",
@@ -135,7 +138,7 @@ def _check_lower_bounds(tree: PythonTree) -> None:
             node.stranger_key is None or live_strangers.get(id(node)) == node.stranger_key,
             "a first-level node records a stranger key with no entry in the stranger heap",
         )
-    in_order = {id(entry[2]) for entry in tree._by_arrival if entry[:2] == (entry[2].arrival, entry[2].seq)}
+    in_order = {id(entry[2]) for entry in by_arrival if entry[:2] == (entry[2].arrival, entry[2].seq)}
     for req in tree._requests.values():
         if req.state is not RequestState.WAITING or req.suspended:
             continue
@@ -166,7 +169,7 @@ def _check_lower_bounds(tree: PythonTree) -> None:
             node = node.parent
         bound = live_global.get(id(node))
         _require(
-            bound is not None and bound <= tree._global_key(node, key),
+            bound is not None and bound <= tree._ranking.global_key(node, key),
             f"no global entry bounds {req.id!r} (covered node at depth {node.depth})",
         )
 

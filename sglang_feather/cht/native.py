@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from sglang_feather.cht._native import _core
-from sglang_feather.cht.candidate import TakenPicks, TakesPicks
+from sglang_feather.cht.candidate import TakenPicks, checked_picks
 from sglang_feather.cht.checks import (
     check_depth,
     checked_chunk_size,
@@ -44,7 +44,7 @@ _STATES = (None, RequestState.WAITING, RequestState.ACTIVE)
 _BUFFERS = (np.ndarray, array)
 
 
-class NativeTree(_core.Core, TakesPicks):
+class NativeTree(_core.Core):
     """The compiled Chunked Hash Tree; same methods, results and errors as `PythonTree`."""
 
     core = "native"
@@ -124,10 +124,16 @@ class NativeTree(_core.Core, TakesPicks):
             return False
         return self._shares_prefix(handle, other, depth)
 
-    def _take_checked(
-        self, max_picks: int, skip_running_uncached: bool, max_missing: int, first: RequestId | None
+    def take_picks(
+        self,
+        max_picks: int,
+        skip_running_uncached: bool,
+        max_missing: int | None = None,
+        first: RequestId | None = None,
     ) -> TakenPicks:
-        return TakenPicks(*self._take_picks(max_picks, skip_running_uncached, max_missing, first))
+        """`take_picks_stepwise`'s picks (candidate.py), in one call into the core's own loop."""
+        checked = checked_picks(max_picks, skip_running_uncached, max_missing)
+        return TakenPicks(*self._take_picks(*checked, first))
 
     def oldest(self) -> RequestId | None:
         handle = self._oldest()

@@ -1,51 +1,38 @@
-"""The Python core's paths and counts: building a request's path of nodes, releasing it, the shared depth."""
+"""The Python core's trie of prefix nodes: building a request's path, releasing it, depths along a path."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 
-from sglang_feather.cht.cache_tier import NOT_CACHED
-from sglang_feather.cht.errors import HashChainError, InvalidTransition, UnknownRequest
-from sglang_feather.cht.nodes import (
-    COMPACT_MIN,
-    PrefixNode,
-    RequestState,
-    TrackedRequest,
-    compacted_arrivals,
-    compacted_global,
-    compacted_strangers,
-    keep_bounded,
-)
+from sglang_feather.cht.errors import HashChainError
+from sglang_feather.cht.nodes import PrefixNode, TrackedRequest, keep_bounded
 from sglang_feather.types import ChunkHash, RequestId
 
+NOT_CACHED = object()
 
-class Paths:
-    """`PythonTree`'s request lookup, node creation and release, and the running batch's shared prefix (a
-    mixin)."""
 
-    def _get(self, request_id: RequestId) -> TrackedRequest:
-        req = self._requests.get(request_id)
-        if req is None:
-            raise UnknownRequest(f"request {request_id!r} is not in the tree")
-        return req
+class Trie:
+    """The prefix nodes by chunk hash, under one root: it owns them and their creation order."""
 
-    def _expect(self, request_id: RequestId, state: RequestState) -> TrackedRequest:
-        req = self._get(request_id)
-        if req.state is not state:
-            raise InvalidTransition(f"request {request_id!r} is {req.state.value}, expected {state.value}")
-        return req
+    def __init__(self) -> None:
+        self.root = PrefixNode(None, None, 0, -1)
+        self.nodes: dict[ChunkHash, PrefixNode] = {}
+        self._num_created = 0
 
-    def _build_path(self, hashes: Sequence[ChunkHash]) -> tuple[list[PrefixNode], int]:
+    def build_path(
+        self, hashes: Sequence[ChunkHash], cached: Mapping[ChunkHash, ChunkHash | None]
+    ) -> tuple[list[PrefixNode], int]:
         """The nodes for `hashes` and how many already existed; refuses anything that is not one chain.
 
         Existing nodes must form a prefix of the list, each the child of the one before (so a hash known at
         another depth or under another parent is refused), and the rest must be new and distinct. A new node
-        is cached when the cache tier holds its hash under its parent's and its parent is cached.
+        is cached when `cached` (the cache tier: hash -> parent hash) holds its hash under its parent's and its
+        parent is cached.
         """
-        nodes = self._nodes
+        nodes = self.nodes
         path: list[PrefixNode] = []
-        parent = self._root
+        parent = self.root
         for chunk_hash in hashes:
             node = nodes.get(chunk_hash)
             if node is None:
@@ -63,17 +50,19 @@ class Paths:
             raise HashChainError(
                 "a hash repeats or skips a level within one request: hashes are not cumulative"
             )
-        serial = self._serial
-        cache = self._cache
-        cached = parent is self._root or parent.cached
+        serial = self._num_created
+        is_cached = parent is self.root or parent.cached
         for depth, chunk_hash in enumerate(fresh, start=num_existing + 1):
-            cached = cached and cache.get(chunk_hash, NOT_CACHED) == parent.hash
-            parent = nodes[chunk_hash] = PrefixNode(chunk_hash, parent, depth, next(serial))
-            parent.cached = cached
+            is_cached = is_cached and cached.get(chunk_hash, NOT_CACHED) == parent.hash
+            parent = nodes[chunk_hash] = PrefixNode(chunk_hash, parent, depth, serial)
+            parent.cached = is_cached
             path.append(parent)
+            serial += 1
+        self._num_created = serial
         return path, num_existing
 
-    def _release_nodes(self, path: list[PrefixNode]) -> None:
+    def release(self, path: list[PrefixNode]) -> None:
+        """Drop the nodes at the end of `path` that no request holds any more; bound the others' heaps."""
         for node in reversed(path):
             if node.num_active or node.num_waiting:
                 break
@@ -83,61 +72,70 @@ class Paths:
             node.best = None
             node.global_key = None
             node.stranger_key = None
-            del self._nodes[node.hash]
+            del self.nodes[node.hash]
         for node in path:
             if not node.is_alive:
                 break
             keep_bounded(node)
 
-    def _trim_roots(self) -> None:
-        """Keep the tree-wide heaps bounded by the live requests and nodes after a request leaves."""
-        if len(self._global) > 2 * len(self._nodes) + COMPACT_MIN:
-            self._global = compacted_global(self._global)
-        if len(self._strangers) > 2 * len(self._nodes) + COMPACT_MIN:
-            self._strangers = compacted_strangers(self._strangers)
-        if len(self._by_arrival) > 2 * len(self._requests) + COMPACT_MIN:
-            self._by_arrival = compacted_arrivals(self._by_arrival)
+    def parent_hash(self, chunk_hash: ChunkHash) -> tuple[bool, ChunkHash | None]:
+        """(whether a node holds `chunk_hash`, the hash of its parent prefix: None at the first level)."""
+        node = self.nodes.get(chunk_hash)
+        if node is None:
+            return False, None
+        return True, node.parent.hash if node.depth > 1 else None
 
-    @staticmethod
-    def _last_depth(path: list[PrefixNode], limit: int, threshold: int) -> int:
-        """Largest d <= limit with path[d-1].num_active >= threshold (0 if none); `num_active` falls with depth."""
-        lo, hi = 0, limit
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if path[mid - 1].num_active >= threshold:
-                lo = mid
+
+def prefix_order(reqs: list[TrackedRequest]) -> list[RequestId]:
+    """The requests in the trie's depth-first order, children first-seen first.
+
+    Requests that share a prefix are contiguous at every depth, a request comes before those that extend
+    its prompt, and equal paths keep their given order. Groups are split at their longest common prefix
+    (binary search along each path), so the cost is O(R log n) per branching level, not O(R n).
+    """
+    order: list[RequestId] = []
+    stack: list[tuple[list[TrackedRequest], int]] = [(reqs, 0)] if reqs else []
+    while stack:
+        group, depth = stack.pop()
+        if len(group) == 1:
+            order.append(group[0].id)
+            continue
+        first = group[0].path
+        common = len(first)
+        for req in group:
+            path = req.path
+            limit = min(common, len(path))
+            if limit > depth and path[limit - 1] is not first[limit - 1]:
+                lo, hi = depth, limit - 1
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if path[mid - 1] is first[mid - 1]:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                limit = lo
+            common = limit
+        branches: dict[int, list[TrackedRequest]] = {}
+        for req in group:
+            if len(req.path) == common:
+                order.append(req.id)
             else:
-                hi = mid - 1
-        return lo
+                branches.setdefault(req.path[common].serial, []).append(req)
+        for serial in sorted(branches, reverse=True):
+            stack.append((branches[serial], common + 1))
+    return order
 
-    def _update_shared_after_activate(self, req: TrackedRequest) -> None:
-        if len(self._active) == 1:
-            self._shared = req.path[-1]
-            return
-        depth = self._last_depth(req.path, min(len(req.path), self.shared_depth), len(self._active))
-        self._shared = req.path[depth - 1] if depth else self._root
 
-    def _update_shared_after_leave(self) -> None:
-        if not self._active:
-            self._shared = None
-            return
-        path = next(iter(self._active.values())).path
-        depth = self._last_depth(path, len(path), len(self._active))
-        self._shared = path[depth - 1] if depth else self._root
-
-    def _leave_working_set(self, req: TrackedRequest) -> None:
-        """Drop a running request's references; nodes that leave coverage re-offer their waiting subtree."""
-        del self._active[req.id]
-        left = []
-        for node in req.path:
-            node.num_active -= 1
-            if node.num_active == 0 and not node.cached:
-                left.append(node)
-        if req.path and req.path[0].num_active == 0:
-            self._num_running_groups -= 1
-        left.reverse()
-        self._reoffer(left)
-        self._update_shared_after_leave()
+def last_depth(path: list[PrefixNode], limit: int, threshold: int) -> int:
+    """Largest d <= limit with path[d-1].num_active >= threshold (0 if none); `num_active` falls with depth."""
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if path[mid - 1].num_active >= threshold:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _prefix_length(path: list[PrefixNode], holds: Callable[[PrefixNode], bool]) -> int:

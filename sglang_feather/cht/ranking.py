@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import heapq
+import itertools
+from collections.abc import Mapping
 
 from sglang_feather.cht.nodes import (
     COMPACT_MIN,
@@ -16,6 +18,7 @@ from sglang_feather.cht.nodes import (
     compacted_strangers,
 )
 from sglang_feather.cht.paths import covered_depth
+from sglang_feather.types import ChunkHash, RequestId
 
 # How it works. Each node keeps a lazy min-heap `candidates` of (a) the waiting requests that end exactly there
 # and (b) its children, keyed by the child's cached `best` (the earliest waiting request in the child's
@@ -36,9 +39,47 @@ _WAITING = RequestState.WAITING
 
 
 class Ranking:
-    """`PythonTree`'s heaps: publishing waiting requests, re-offering subtrees, popping the best (a mixin)."""
+    """The tree's heaps: publishing waiting requests, re-offering subtrees, popping the best. It owns the
+    tree-wide heaps and the push counter; the nodes' own heaps and keys live on the nodes it is handed. It
+    receives the tree's node and request maps, read only for their sizes (the compaction bounds)."""
 
-    def _reoffer(self, left: list[PrefixNode]) -> None:
+    def __init__(self, nodes: Mapping[ChunkHash, PrefixNode], requests: Mapping[RequestId, TrackedRequest]):
+        self._nodes = nodes
+        self._requests = requests
+        self._global: list[tuple] = []
+        self._strangers: list[tuple] = []
+        self._by_arrival: list[tuple] = []
+        self._push_id = itertools.count()
+
+    @property
+    def num_entries(self) -> int:
+        """Entries in the tree-wide heaps (the nodes' own heaps are counted by the tree)."""
+        return len(self._global) + len(self._strangers) + len(self._by_arrival)
+
+    def heaps(self) -> tuple[list[tuple], list[tuple], list[tuple]]:
+        """The tree-wide heaps (global, stranger, arrival order), for the invariant checker."""
+        return self._global, self._strangers, self._by_arrival
+
+    def oldest(self) -> TrackedRequest | None:
+        """The earliest-arrived waiting, unsuspended request, or None."""
+        heap = self._by_arrival
+        while heap:
+            req = heap[0][2]
+            if req.state is _WAITING and not req.suspended and self._requests.get(req.id) is req:
+                return req
+            heapq.heappop(heap)
+        return None
+
+    def trim(self) -> None:
+        """Keep the tree-wide heaps bounded by the live requests and nodes after a request leaves."""
+        if len(self._global) > 2 * len(self._nodes) + COMPACT_MIN:
+            self._global = compacted_global(self._global)
+        if len(self._strangers) > 2 * len(self._nodes) + COMPACT_MIN:
+            self._strangers = compacted_strangers(self._strangers)
+        if len(self._by_arrival) > 2 * len(self._requests) + COMPACT_MIN:
+            self._by_arrival = compacted_arrivals(self._by_arrival)
+
+    def reoffer(self, left: list[PrefixNode]) -> None:
         """Nodes that just left coverage, deepest first: each re-offers its subtree's best to its parent,
         which gets a global entry when it is still covered (a stranger entry at the first level)."""
         for node in left:
@@ -50,29 +91,29 @@ class Ranking:
                 self._push_stranger(node)
                 continue
             if best is not None:
-                self._push(node.parent, best[:2], node)
+                self.push(node.parent, best[:2], node)
             if node.parent.is_covered:
-                self._push_global(node.parent)
+                self.push_global(node.parent)
 
-    def _reweigh(self, path: list[PrefixNode]) -> None:
+    def reweigh(self, path: list[PrefixNode]) -> None:
         """The covered nodes of `path` gained a request: their global keys (which count the requests through
         them) fell, so re-push the ones that have an entry."""
         for node in path:
             if not node.is_covered:
                 return
             if node.global_key is not None:
-                self._push_global(node)
+                self.push_global(node)
 
-    def _push(self, node: PrefixNode, key: tuple, item: PrefixNode | TrackedRequest) -> None:
+    def push(self, node: PrefixNode, key: tuple, item: PrefixNode | TrackedRequest) -> None:
         heap = node.candidates
         heapq.heappush(heap, (*key, next(self._push_id), item))
         if len(heap) > 4 * (node.num_waiting + node.num_active) + COMPACT_MIN:
             node.candidates = compacted(heap)
 
-    def _publish(self, req: TrackedRequest, num_existing: int) -> None:
+    def publish(self, req: TrackedRequest, num_existing: int) -> None:
         """Make a waiting request findable: the tier-1 entries, its first node's arrival heap, `oldest`."""
         self._offer(req, num_existing)
-        self._push_arrival(req)
+        self.push_arrival(req)
         first = req.path[0]
         if not first.is_covered:
             key = req.key
@@ -98,16 +139,16 @@ class Ranking:
                 node.best = best
                 below = node
             if num_existing:
-                self._push(path[num_existing - 1], key, below)
+                self.push(path[num_existing - 1], key, below)
             if path[num_existing].cached:
-                self._push_global(path[covered_depth(path) - 1])
+                self.push_global(path[covered_depth(path) - 1])
                 return
             if num_existing == 0:
                 return
             node = path[num_existing - 1]
         else:
             node = path[-1]
-            self._push(node, key, req)
+            self.push(node, key, req)
         while not node.is_covered:
             best = node.best
             if best is not None and best[:2] <= key:
@@ -115,22 +156,23 @@ class Ranking:
             node.best = (*key, req)
             if node.depth == 1:
                 return
-            self._push(node.parent, key, node)
+            self.push(node.parent, key, node)
             node = node.parent
-        self._push_global(node)
+        self.push_global(node)
 
-    def _global_key(self, node: PrefixNode, top: tuple) -> tuple:
+    @staticmethod
+    def global_key(node: PrefixNode, top: tuple) -> tuple:
         """Tier-1 rank of the requests leaving coverage right below `node`: deepest first, then a node running
         requests hold before one only the cache holds (a running group's requests add no prefix to the batch's
         KV), then the most requests through it (waiting or running: admitting one does not demote its group),
         then the earliest of them."""
         return (-node.depth, -(node.num_active > 0), -(node.num_waiting + node.num_active), top[0], top[1])
 
-    def _push_global(self, node: PrefixNode) -> None:
+    def push_global(self, node: PrefixNode) -> None:
         top = self._settle(node)
         if top is None:
             return
-        key = self._global_key(node, top)
+        key = self.global_key(node, top)
         if node.global_key is not None and node.global_key <= key:
             return
         node.global_key = key
@@ -139,7 +181,7 @@ class Ranking:
         if len(heap) > 2 * len(self._nodes) + COMPACT_MIN:
             self._global = compacted_global(heap)
 
-    def _push_arrival(self, req: TrackedRequest) -> None:
+    def push_arrival(self, req: TrackedRequest) -> None:
         """Entries in the first node's arrival heap (tier 2) and the tree's arrival order (`oldest`)."""
         entry = (req.arrival, req.seq, req)
         first = req.path[0]
@@ -212,15 +254,15 @@ class Ranking:
                 return top
             current.best = best_of(top)
             if current.best is not None:
-                self._push(stack[-1], current.best[:2], current)
+                self.push(stack[-1], current.best[:2], current)
 
     def _refresh(self, node: PrefixNode) -> tuple | None:
         """Recompute `node.best` from its candidates."""
         node.best = best_of(self._settle(node))
         return node.best
 
-    def _pop_best(self) -> TrackedRequest | None:
-        return self._pop_sharing() or self._pop_stranger()
+    def pop_best(self) -> TrackedRequest | None:
+        return self._pop_sharing() or self.pop_stranger()
 
     def _pop_sharing(self) -> TrackedRequest | None:
         heap = self._global
@@ -239,7 +281,7 @@ class Ranking:
                 node.global_key = None
                 heapq.heappop(heap)
                 continue
-            key = self._global_key(node, top)
+            key = self.global_key(node, top)
             if key != node.global_key:
                 node.global_key = key
                 heapq.heapreplace(heap, (*key, next(self._push_id), node))
@@ -247,7 +289,7 @@ class Ranking:
             return best_of(top)[2]
         return None
 
-    def _pop_stranger(self) -> TrackedRequest | None:
+    def pop_stranger(self) -> TrackedRequest | None:
         heap = self._strangers
         while heap:
             entry = heap[0]

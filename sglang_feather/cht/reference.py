@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sglang_feather.cht.candidate import TakesPicks
+from sglang_feather.cht.candidate import TakenPicks, checked_picks, take_picks_stepwise
 from sglang_feather.cht.errors import (
     DuplicateRequest,
     EmptyPrompt,
@@ -17,7 +17,7 @@ from sglang_feather.cht.tree import Candidate
 from sglang_feather.types import ChunkHash, RequestId
 
 
-class ReferenceTree(TakesPicks):
+class ReferenceTree:
     """Same operations and results as `ChunkedHashTree`, recomputed from scratch on every query."""
 
     def __init__(self) -> None:
@@ -31,6 +31,15 @@ class ReferenceTree(TakesPicks):
         """Cached hash -> its parent hash; closed under prefixes."""
         self._seq = 0
         self._num_seen = 0
+
+    def take_picks(
+        self,
+        max_picks: int,
+        skip_running_uncached: bool,
+        max_missing: int | None = None,
+        first: RequestId | None = None,
+    ) -> TakenPicks:
+        return take_picks_stepwise(self, *checked_picks(max_picks, skip_running_uncached, max_missing), first)
 
     def insert_hashes(self, rid: RequestId, hashes: Sequence[ChunkHash], arrival: float | None = None) -> int:
         if rid in self.hashes:

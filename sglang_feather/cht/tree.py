@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
@@ -10,7 +9,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from sglang_feather.cht.cache_tier import CacheTier
-from sglang_feather.cht.candidate import Candidate, TakesPicks
+from sglang_feather.cht.candidate import Candidate, TakenPicks, checked_picks, take_picks_stepwise
 from sglang_feather.cht.checks import (
     check_depth,
     checked_arrival,
@@ -19,11 +18,17 @@ from sglang_feather.cht.checks import (
     checked_hashes,
     checked_share_depth,
 )
-from sglang_feather.cht.errors import DuplicateRequest, EmptyPrompt, InvalidTransition
+from sglang_feather.cht.errors import (
+    DuplicateRequest,
+    EmptyPrompt,
+    InvalidTransition,
+    UnknownRequest,
+)
 from sglang_feather.cht.hashing import DEFAULT_CHUNK_SIZE, chunk_hashes, namespace_seed
 from sglang_feather.cht.nodes import PrefixNode, RequestState, TrackedRequest, keep_bounded
-from sglang_feather.cht.paths import Paths, cached_depth, covered_depth
+from sglang_feather.cht.paths import Trie, cached_depth, covered_depth, last_depth, prefix_order
 from sglang_feather.cht.ranking import Ranking
+from sglang_feather.cht.working_set import WorkingSet
 from sglang_feather.types import ChunkHash, RequestId
 
 __all__ = ["Candidate", "PythonTree", "RequestState"]
@@ -41,15 +46,17 @@ __all__ = ["Candidate", "PythonTree", "RequestState"]
 # admitting a request does not demote its group, so a pass keeps to one group), then by (arrival, seq). A
 # request's own length enters nowhere, so short prompts do not jump ahead of long ones. Tier 2, only when no
 # waiting request is covered anywhere: first come, first served. The lazy heaps that answer both tiers in
-# O(log W) are in ranking.py; node creation, release and the shared depth in paths.py. Shared-prefix and
-# coverage depths use binary search along one path, since `num_active` never grows with depth along a path and
-# the cached nodes are a prefix of it.
+# O(log W) are in ranking.py; node creation and release in paths.py (`Trie`); the running requests and their
+# shared depth in working_set.py; the cached hashes in cache_tier.py. The tree owns its requests and composes
+# those four, each of which owns its state and knows nothing of the tree. Shared-prefix and coverage depths use
+# binary search along one path, since `num_active` never grows with depth along a path and the cached nodes
+# are a prefix of it.
 
 _WAITING = RequestState.WAITING
 _ACTIVE = RequestState.ACTIVE
 
 
-class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
+class PythonTree:
     """The pure-Python core (and the reference the compiled one is held to); see "how it works" above.
 
     Complexity (n = chunks of the request, W = waiting requests, d = nodes that change coverage, c = chunks
@@ -64,22 +71,13 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
 
     def __init__(self, chunk_size: int = DEFAULT_CHUNK_SIZE):
         self.chunk_size = checked_chunk_size(chunk_size)
-        self._root = PrefixNode(None, None, 0, -1)
-        self._nodes: dict[ChunkHash, PrefixNode] = {}
         self._requests: dict[RequestId, TrackedRequest] = {}
-        self._active: dict[RequestId, TrackedRequest] = {}
-        self._num_running_groups = 0
         self._suspended: dict[RequestId, TrackedRequest] = {}
-        self._cache: dict[ChunkHash, ChunkHash | None] = {}
-        """The cache tier: every chunk hash the engine's cache holds -> the hash of its parent prefix."""
-        self._cache_children: dict[ChunkHash, set[ChunkHash]] = {}
-        self._global: list[tuple] = []
-        self._strangers: list[tuple] = []
-        self._by_arrival: list[tuple] = []
-        self._shared: PrefixNode | None = None
         self._seq = itertools.count()
-        self._serial = itertools.count()
-        self._push_id = itertools.count()
+        self._trie = Trie()
+        self._running = WorkingSet()
+        self._tier = CacheTier()
+        self._ranking = Ranking(self._trie.nodes, self._requests)
         self._best_cache: Candidate | None = None
         self._best_valid = False
 
@@ -93,16 +91,16 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
 
     @property
     def num_active(self) -> int:
-        return len(self._active)
+        return len(self._running.requests)
 
     @property
     def num_waiting(self) -> int:
-        return len(self._requests) - len(self._active)
+        return len(self._requests) - len(self._running.requests)
 
     @property
     def num_running_groups(self) -> int:
         """Prefix groups running requests belong to: first chunks at least one running request holds."""
-        return self._num_running_groups
+        return self._running.num_groups
 
     @property
     def num_suspended(self) -> int:
@@ -110,20 +108,29 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
 
     @property
     def num_nodes(self) -> int:
-        return len(self._nodes)
+        return len(self._trie.nodes)
 
     @property
     def num_index_entries(self) -> int:
         """Entries in every internal heap (a diagnostic: bounded by a constant times the live requests)."""
-        total = len(self._global) + len(self._strangers) + len(self._by_arrival)
-        for node in self._nodes.values():
+        total = self._ranking.num_entries
+        for node in self._trie.nodes.values():
             total += len(node.candidates) + (len(node.arrivals) if node.arrivals is not None else 0)
         return total
 
     @property
     def shared_depth(self) -> int:
         """Chunks every running request holds; 0 when nothing runs."""
-        return self._shared.depth if self._shared is not None else 0
+        return self._running.shared_depth
+
+    def is_cached(self, chunk_hash: ChunkHash) -> bool:
+        """Whether the cache tier holds the prefix named by `chunk_hash`."""
+        return chunk_hash in self._tier
+
+    @property
+    def num_cached(self) -> int:
+        """Chunks the cache tier holds (whether or not a tracked request holds them)."""
+        return len(self._tier)
 
     def state(self, request_id: RequestId) -> RequestState | None:
         req = self._requests.get(request_id)
@@ -136,7 +143,7 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
         return (rid for rid, req in self._requests.items() if req.state is _WAITING)
 
     def active_ids(self) -> Iterator[RequestId]:
-        return iter(self._active)
+        return iter(self._running.requests)
 
     def num_chunks(self, request_id: RequestId) -> int:
         return len(self._get(request_id).path)
@@ -164,7 +171,7 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
         request); `InvalidDepth` unless 0 <= depth <= its chunks."""
         path = self._get(request_id).path
         depth = checked_depth(request_id, depth, 0, len(path))
-        return path[depth - 1].num_active if depth > 0 else len(self._active)
+        return path[depth - 1].num_active if depth > 0 else len(self._running.requests)
 
     def num_waiting_holding(self, request_id: RequestId, depth: int) -> int:
         """Waiting requests (suspended ones and this one included) that hold the first `depth` chunks of this
@@ -185,7 +192,7 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
     def best(self) -> Candidate | None:
         """The next waiting, unsuspended request by the two-tier rule (see "how it works"), or None."""
         if not self._best_valid:
-            req = self._pop_best()
+            req = self._ranking.pop_best()
             self._best_cache = self._describe(req) if req is not None else None
             self._best_valid = True
         return self._best_cache
@@ -199,18 +206,13 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
 
     def oldest(self) -> RequestId | None:
         """The earliest-arrived waiting, unsuspended request, or None."""
-        heap = self._by_arrival
-        while heap:
-            req = heap[0][2]
-            if req.state is _WAITING and not req.suspended and self._requests.get(req.id) is req:
-                return req.id
-            heapq.heappop(heap)
-        return None
+        req = self._ranking.oldest()
+        return req.id if req is not None else None
 
     def oldest_stranger(self) -> RequestId | None:
         """The earliest-arrived waiting, unsuspended request with no covered chunk (nothing of it running or
         cached: the request the ranking serves last), or None."""
-        req = self._pop_stranger()
+        req = self._ranking.pop_stranger()
         return req.id if req is not None else None
 
     def cached_frontier(self, request_ids: Iterable[RequestId], limit: int) -> list[RequestId]:
@@ -230,44 +232,19 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
         return [key[-1] for key in sorted(found.values())]
 
     def prefix_order(self, request_ids: Iterable[RequestId]) -> list[RequestId]:
-        """The given requests (any state) in the trie's depth-first order, children first-seen first.
+        """The given requests (any state) in the trie's depth-first order, children first-seen first
+        (`paths.prefix_order`)."""
+        return prefix_order([self._get(rid) for rid in request_ids])
 
-        Requests that share a prefix are contiguous at every depth, a request comes before those that extend
-        its prompt, and equal paths keep their given order. Groups are split at their longest common prefix
-        (binary search along each path), so the cost is O(R log n) per branching level, not O(R n).
-        """
-        order: list[RequestId] = []
-        reqs = [self._get(rid) for rid in request_ids]
-        stack: list[tuple[list[TrackedRequest], int]] = [(reqs, 0)] if reqs else []
-        while stack:
-            group, depth = stack.pop()
-            if len(group) == 1:
-                order.append(group[0].id)
-                continue
-            first = group[0].path
-            common = len(first)
-            for req in group:
-                path = req.path
-                limit = min(common, len(path))
-                if limit > depth and path[limit - 1] is not first[limit - 1]:
-                    lo, hi = depth, limit - 1
-                    while lo < hi:
-                        mid = (lo + hi + 1) // 2
-                        if path[mid - 1] is first[mid - 1]:
-                            lo = mid
-                        else:
-                            hi = mid - 1
-                    limit = lo
-                common = limit
-            branches: dict[int, list[TrackedRequest]] = {}
-            for req in group:
-                if len(req.path) == common:
-                    order.append(req.id)
-                else:
-                    branches.setdefault(req.path[common].serial, []).append(req)
-            for serial in sorted(branches, reverse=True):
-                stack.append((branches[serial], common + 1))
-        return order
+    def take_picks(
+        self,
+        max_picks: int,
+        skip_running_uncached: bool,
+        max_missing: int | None = None,
+        first: RequestId | None = None,
+    ) -> TakenPicks:
+        """`take_picks_stepwise` (candidate.py says what it takes), its arguments checked."""
+        return take_picks_stepwise(self, *checked_picks(max_picks, skip_running_uncached, max_missing), first)
 
     # ----------------------------------------------------------------- mutations
 
@@ -299,14 +276,14 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
         hashes = checked_hashes(hashes)
         if not hashes:
             raise EmptyPrompt(f"request {request_id!r} has no chunks")
-        path, num_existing = self._build_path(hashes)
+        path, num_existing = self._trie.build_path(hashes, self._tier.parents)
         seq = next(self._seq)
         req = TrackedRequest(request_id, path, float(seq) if arrival is None else arrival, seq)
         self._requests[request_id] = req
         for node in path:
             node.num_waiting += 1
-        self._publish(req, num_existing)
-        self._reweigh(path)
+        self._ranking.publish(req, num_existing)
+        self._ranking.reweigh(path)
         self._best_valid = False
         return len(path)
 
@@ -317,30 +294,22 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
             req.suspended = False
             del self._suspended[request_id]
         req.state = _ACTIVE
-        self._active[request_id] = req
         path = req.path
-        first_entered = len(path)
-        for depth, node in enumerate(path):
-            node.num_waiting -= 1
-            node.num_active += 1
-            if node.num_active == 1 and not node.cached and depth < first_entered:
-                first_entered = depth
-        if path and path[0].num_active == 1:
-            self._num_running_groups += 1
+        first_entered = self._running.enter(req)
+        ranking = self._ranking
         # A node that enters coverage needs a global entry only if some waiting request leaves coverage right
         # there (the others are counted at a deeper node of this path).
         for depth in range(first_entered, len(path)):
             node = path[depth]
             below = path[depth + 1].num_waiting if depth + 1 < len(path) else 0
             if node.num_waiting > below:
-                self._push_global(node)
+                ranking.push_global(node)
         # A cached node its first running request reaches ranks higher now (its key fell): re-push its entry.
         for node in path:
             if not node.cached:
                 break
             if node.num_active == 1 and node.global_key is not None:
-                self._push_global(node)
-        self._update_shared_after_activate(req)
+                ranking.push_global(node)
         self._best_valid = False
 
     def deactivate(self, request_id: RequestId) -> None:
@@ -350,11 +319,12 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
             node.num_waiting += 1
         req.state = _WAITING
         leaf = req.path[-1]
-        self._push(leaf, req.key, req)
-        self._push_arrival(req)
-        self._leave_working_set(req)
+        ranking = self._ranking
+        ranking.push(leaf, req.key, req)
+        ranking.push_arrival(req)
+        ranking.reoffer(self._running.leave(req))
         if leaf.is_covered:
-            self._push_global(leaf)
+            ranking.push_global(leaf)
         # Its leaf and first node took an entry while it counted as waiting and running: keep their heaps
         # within the bound of the count it has now.
         keep_bounded(leaf)
@@ -364,11 +334,11 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
     def finish(self, request_id: RequestId) -> None:
         """A running request leaves for good."""
         req = self._expect(request_id, _ACTIVE)
-        self._leave_working_set(req)
+        self._ranking.reoffer(self._running.leave(req))
         del self._requests[request_id]
         req.state = None
-        self._release_nodes(req.path)
-        self._trim_roots()
+        self._trie.release(req.path)
+        self._ranking.trim()
         self._best_valid = False
 
     def remove(self, request_id: RequestId) -> None:
@@ -381,8 +351,8 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
         req.state = None
         for node in req.path:
             node.num_waiting -= 1
-        self._release_nodes(req.path)
-        self._trim_roots()
+        self._trie.release(req.path)
+        self._ranking.trim()
         self._best_valid = False
 
     def discard(self, request_id: RequestId) -> bool:
@@ -412,26 +382,94 @@ class PythonTree(Ranking, CacheTier, Paths, TakesPicks):
             raise InvalidTransition(f"request {request_id!r} is not suspended")
         req.suspended = False
         del self._suspended[request_id]
-        self._publish(req, len(req.path))
+        self._ranking.publish(req, len(req.path))
         self._best_valid = False
 
     def resume_all(self) -> None:
         for request_id in list(self._suspended):
             self.resume(request_id)
 
+    # ----------------------------------------------------------------- the cache tier's events
+
+    def cache_store(self, hashes: Sequence[ChunkHash], parent: ChunkHash | None = None) -> int:
+        """The engine's cache now holds the chain `hashes` below the prefix `parent` (None: from the start):
+        each hash names the prefix one chunk longer than the one before. Returns the chunks newly cached.
+
+        A chain whose `parent` the cache tier does not hold is ignored (the engine could never match it: the
+        tier stays closed under prefixes). `HashChainError`, with nothing changed, when a hash is cached, or
+        in the tree, under another parent, or repeats within the chain."""
+        hashes = checked_hashes(hashes)
+        if parent is not None:
+            parent = checked_hashes([parent])[0]
+            if parent not in self._tier:
+                return 0
+        self._tier.check_chain(hashes, parent, self._trie.parent_hash)
+        new = self._tier.store(hashes, parent)
+        nodes = self._trie.nodes
+        entered: list[PrefixNode] = []
+        for chunk_hash in new:
+            node = nodes.get(chunk_hash)
+            if node is not None and (node.depth == 1 or node.parent.cached):
+                node.cached = True
+                self._best_valid = False
+                if node.num_active == 0:
+                    entered.append(node)
+        for node in entered:
+            if node.num_waiting:
+                self._ranking.push_global(node)
+        return len(new)
+
+    def cache_remove(self, hashes: Iterable[ChunkHash]) -> int:
+        """The engine evicted these prefixes (and so every cached prefix that extends them); hashes the tier
+        does not hold are ignored. Returns the chunks uncached."""
+        gone = self._tier.remove(hashes)
+        self._leave_cache(gone)
+        return len(gone)
+
+    def cache_clear(self) -> None:
+        """The engine's cache was emptied."""
+        self._leave_cache(self._tier.clear())
+
+    def _leave_cache(self, hashes: list[ChunkHash]) -> None:
+        """Tree nodes of uncached hashes lose their flag; those that leave coverage re-offer their subtree."""
+        nodes = self._trie.nodes
+        left = []
+        for chunk_hash in hashes:
+            node = nodes.get(chunk_hash)
+            if node is not None and node.cached:
+                node.cached = False
+                self._best_valid = False
+                if node.num_active == 0:
+                    left.append(node)
+        left.sort(key=lambda node: node.depth, reverse=True)
+        self._ranking.reoffer(left)
+
     # ----------------------------------------------------------------- internals
+
+    def _get(self, request_id: RequestId) -> TrackedRequest:
+        req = self._requests.get(request_id)
+        if req is None:
+            raise UnknownRequest(f"request {request_id!r} is not in the tree")
+        return req
+
+    def _expect(self, request_id: RequestId, state: RequestState) -> TrackedRequest:
+        req = self._get(request_id)
+        if req.state is not state:
+            raise InvalidTransition(f"request {request_id!r} is {req.state.value}, expected {state.value}")
+        return req
 
     def _describe(self, req: TrackedRequest) -> Candidate:
         path = req.path
-        num_active = len(self._active)
+        num_active = len(self._running.requests)
         cached = cached_depth(path)
+        shared = self._running.shared_depth
         if num_active == 0:
             before = after = len(path)
             running = 0
         else:
-            after = self._last_depth(path, min(len(path), self.shared_depth), num_active)
-            before = self.shared_depth if num_active > 1 else after
-            running = self._last_depth(path, len(path), 1)
+            after = last_depth(path, min(len(path), shared), num_active)
+            before = shared if num_active > 1 else after
+            running = last_depth(path, len(path), 1)
         missing = len(path) - max(running, cached)
         sharing = path[after - 1].num_waiting - 1 if after else 0
         return Candidate(req.id, len(path), missing, running, cached, before, after, sharing, req.arrival)

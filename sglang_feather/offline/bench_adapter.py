@@ -222,12 +222,6 @@ class EventCost:
     record_us_per_chunk: Spread
     """SGLang's own cost of recording the same store events, per chunk: inserting the prompts with events on
     and draining them (`take_events`), less inserting them into a twin cache with events off."""
-    page_runs: str
-    """Which `PageRuns` twin translated (`native` or `python`)."""
-
-
-TWINS = {"native": "NativePageRuns", "python": "PythonPageRuns"}
-"""`measure_events`'s twin names -> the class in sglang_feather.sglang.page_runs."""
 
 
 def measure_events(
@@ -236,18 +230,15 @@ def measure_events(
     num_prompts: int = 20,
     rounds: int = 5,
     seed: int = 0,
-    twin: str | None = None,
 ) -> EventCost:
     """Round after round in one server-built tree cache with events on (as a server's cache lives): cache
     `num_prompts` fresh unrelated prompts, feed their store events to Feather's translator, evict everything,
     feed those events; each feed timed per chunk. The same prompts also go into a twin cache with events off,
-    so SGLang's own recording cost is measured beside Feather's. `twin`: `native`, `python` or None (the one
-    matching the CHT core, as a server picks)."""
+    so SGLang's own recording cost is measured beside Feather's."""
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
     from sglang_feather.admission import Admission
     from sglang_feather.offline.sglang_objects import cache_prompt
-    from sglang_feather.sglang import page_runs
     from sglang_feather.sglang.cache_events import EventTranslator
 
     config = AdmissionConfig(page_size=page_size, cache_events=True)
@@ -258,8 +249,7 @@ def measure_events(
     cache, silent = caches
     cache.take_events()
     admission = Admission.from_config(config)
-    runs = None if twin is None else getattr(page_runs, TWINS[twin])(config.chunk_size)
-    translator = EventTranslator(admission, config.chunk_size, runs=runs)
+    translator = EventTranslator(admission, config.chunk_size)
     rng = np.random.default_rng(seed)
     stores, evicts, records = [], [], []
     num_chunks = 0
@@ -299,5 +289,4 @@ def measure_events(
         evict_us_per_chunk=Spread.of(evicts),
         first_store_us_per_chunk=stores[0],
         record_us_per_chunk=Spread.of(records),
-        page_runs="native" if isinstance(translator.runs, page_runs.NativePageRuns) else "python",
     )

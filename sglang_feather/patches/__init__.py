@@ -9,7 +9,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-SGLANG_VERSION = "0.5.23"
+from sglang_feather.sglang.version import SUPPORTED_SGLANG as SGLANG_VERSION
+
 PATCH_SET = f"sglang-{SGLANG_VERSION}"
 
 _PACKAGE_DIR = Path(__file__).resolve().parent

@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_feather.sglang.page_runs import PageRunsLike, page_runs
+from sglang_feather.cht.errors import InvalidPages, InvalidTokens
+from sglang_feather.sglang.page_runs import PageRuns
 
 logger = logging.getLogger(__name__)
 
@@ -18,13 +19,13 @@ logger = logging.getLogger(__name__)
 # parent page, with their token ids), `BlockRemoved` (the pages of an evicted node) and `AllBlocksCleared`
 # once its recorder is enabled; the plugin enables it for `--schedule-policy feather`. Page hashes are
 # SGLang's own (SHA-256, position-aware), so they cannot be turned into the CHT's chunk hashes by themselves:
-# the translator hands each event's pages and tokens to a `PageRuns` twin (page_runs.py; the compiled one
-# with the compiled CHT core), which keeps every stored chain's hashing state and returns the chunk chain a
-# store caches, or the chunks an eviction uncaches (the compiled twin in O(the event's pages and tokens + one
-# chunk); page_runs.cpp says how). The Rust tree core reports a node per event, the Python one a page per
-# event. Events for another storage medium (HiCache's host tier), a cache salt or a LoRA adapter's
-# namespace, and events the twin refuses (a chain below a page never seen, bigram (EAGLE) pages, tokens that
-# do not fill their pages), are counted and skipped: Feather ranks only default-namespace prompts by what the
+# the translator hands each event's pages and tokens to `PageRuns` (page_runs.py), which checks the event,
+# keeps every stored chain's hashing state and returns the chunk chain a store caches, or the chunks an
+# eviction uncaches, in O(the event's pages and tokens + one chunk). The Rust tree core reports a node per
+# event, the Python one a page per event. Events for another storage medium (HiCache's host tier), a cache
+# salt or a LoRA adapter's namespace, chains below a page never seen, and malformed events (`PageRuns` raises
+# the CHT's `InvalidPages` or `InvalidTokens`: bigram (EAGLE) pages, tokens that do not fill their pages, page
+# hashes that are no int64) are counted and skipped: Feather ranks only default-namespace prompts by what the
 # device cache holds.
 
 GPU_MEDIUM = "GPU"
@@ -43,11 +44,11 @@ class EventCounts:
 class EventTranslator:
     """Keeps the admission component's cache tier equal to SGLang's device cache, from its KV events."""
 
-    def __init__(self, admission: Any, chunk_size: int, runs: PageRunsLike | None = None) -> None:
+    def __init__(self, admission: Any, chunk_size: int) -> None:
         self.admission = admission
         self.chunk_size = chunk_size
         self.counts = EventCounts()
-        self.runs = page_runs(chunk_size) if runs is None else runs
+        self.runs = PageRuns(chunk_size)
         self._handlers: dict[str, Callable[[Any], None]] = {
             "BlockStored": self._stored,
             "BlockRemoved": self._removed,
@@ -69,9 +70,12 @@ class EventTranslator:
     def _stored(self, event: Any) -> None:
         stored = None
         if _on_device(event) and not event.cache_salt and not getattr(event, "lora_name", None):
-            stored = self.runs.store(
-                event.parent_block_hash, event.block_hashes, event.token_ids, event.block_size
-            )
+            try:
+                stored = self.runs.store(
+                    event.parent_block_hash, event.block_hashes, event.token_ids, event.block_size
+                )
+            except (InvalidPages, InvalidTokens) as err:
+                logger.debug("Feather skipped a malformed BlockStored event: %s", err)
         if stored is None:
             self.counts.num_skipped += 1
             return
@@ -84,8 +88,13 @@ class EventTranslator:
         if not _on_device(event):
             self.counts.num_skipped += 1
             return
+        try:
+            gone = self.runs.remove(event.block_hashes)
+        except InvalidPages as err:
+            logger.debug("Feather skipped a malformed BlockRemoved event: %s", err)
+            self.counts.num_skipped += 1
+            return
         self.counts.num_removed += 1
-        gone = self.runs.remove(event.block_hashes)
         if gone:
             self.admission.cache_removed(gone)
 

@@ -7,13 +7,9 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, eq, is_
 from typing import Any
-
-try:
-    from sglang_feather.cht._native._core import gather_to
-except ImportError:  # the Python core: picks are moved one at a time
-    gather_to = None
 
 # How it works.
 #
@@ -35,9 +31,10 @@ except ImportError:  # the Python core: picks are moved one at a time
 # the rest of the scheduler's step). It follows the queue's own events (appends, requests leaving, Feather's
 # moves and put-backs) and is rebuilt by every `sync`; it is a hint, which the runtime checks by identity. A
 # queue small enough that a pass's picks are over 1/8 of it has its tail rebuilt instead (one pass that reads
-# every `Req` there): the array is then not kept until the next sync, and put-backs bisect the queue. With
-# the compiled core a planned block is moved, and taken out of the array, in one pass over each
-# (`take_out_block`, queue_moves.cpp) instead of two list shifts and an array shift per request.
+# every `Req` there): the array is then not kept until the next sync, and put-backs bisect the queue. A
+# planned block is moved, and taken out of the array, by one slice rewrite of each (`take_out_block`: the
+# others in the span keep their order, picked out by `itertools.compress`) instead of two list shifts and an
+# array shift per request.
 
 
 _REQ = attrgetter("req")
@@ -155,16 +152,32 @@ class QueueMirror:
 
     def take_out_block(self, queue: list[Any], slot: int, rids: Iterable[Any]) -> list[Any] | None:
         """Move the requests of `rids`, all in the queue's sorted part (which starts at `queue[slot]`), to
-        `queue[slot:]` in their order and take them out of that part, in one pass over each (`gather_to`,
-        compiled); returns their `Req`s. None, with nothing changed, when the compiled core is not built,
-        `in_order` is not kept, or a request is not where its rank says."""
+        `queue[slot:]` in their order and take them out of that part: one slice rewrite of the queue and one of
+        `in_order` over the span up to the deepest of them, with a Python step per request, not per queue
+        entry; returns their `Req`s. None, with nothing changed, when `in_order` is not kept or a request is not
+        where its rank says (checked by identity)."""
         in_order = self._in_order
-        if gather_to is None or in_order is None:
+        if in_order is None:
             return None
         reqs = list(map(_REQ, map(self._entries.__getitem__, rids)))  # `requests`, without its frame
-        if not gather_to(queue, slot, reqs, in_order, list(map(self._seqs.__getitem__, reqs))):
+        if not reqs:
+            return reqs
+        seqs = list(map(self._seqs.__getitem__, reqs))
+        ranks = list(map(bisect_left, repeat(in_order, len(seqs)), seqs))
+        span = max(ranks) + 1
+        if span > len(in_order) or slot + span > len(queue) or len(set(ranks)) != len(ranks):
             return None
-        del in_order[len(in_order) - len(reqs) :]
+        part, numbers = queue[slot : slot + span], in_order[:span]
+        if not (
+            all(map(eq, map(numbers.__getitem__, ranks), seqs))
+            and all(map(is_, map(part.__getitem__, ranks), reqs))
+        ):
+            return None
+        keep = bytearray(b"\x01") * span
+        for rank in ranks:
+            keep[rank] = 0
+        queue[slot : slot + span] = reqs + list(compress(part, keep))
+        in_order[:span] = array("q", compress(numbers, keep))
         return reqs
 
     def put_in(self, req: Any) -> int | None:
@@ -226,6 +239,15 @@ class QueueMirror:
     def clear(self) -> None:
         for rid in list(self._entries):
             self._drop(rid)
+
+    def forget(self) -> None:
+        """Forget every request without telling the admission component (which forgot them itself), as a new
+        mirror would start."""
+        self._entries.clear()
+        self._seqs.clear()
+        self._num_changes = 0
+        self._next_seq = 0
+        self._in_order = array("q")
 
     def _ensure_waiting(self, req: Any) -> None:
         entry = self._entries.get(req.rid)

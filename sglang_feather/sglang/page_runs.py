@@ -1,46 +1,87 @@
-"""An engine's KV-cache pages as the CHT's chunks: the Python twin of the compiled `PageRuns` (page_runs.cpp)."""
+"""SGLang's KV-cache pages as the CHT's chunks: each stored chain of pages keeps its hashing state."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, Protocol
+from typing import Any
 
+import numpy as np
 import xxhash
 
-from sglang_feather.cht.errors import InvalidTokens
+from sglang_feather.cht.errors import InvalidPages
 from sglang_feather.cht.hashing import token_bytes
 from sglang_feather.types import ChunkHash
 
-# How it works (page_runs.cpp says the same of the compiled twin). An engine that pages its KV cache reports
-# a stored chain of pages (below a parent page, with their token ids) and the pages it evicts, each named by
-# the engine's opaque 64-bit hash; the cache tier wants chunk hashes (the xxh64 of every token up to a chunk
-# boundary). Each stored chain becomes a `_Run`: its start offset, the xxh64 state over every token before
-# it, the chunk that ends at or before its start, its token bytes, and the hash of every chunk that ends
-# inside it. A page hash maps to its run, and the run knows the page's index. A chain below a page of an
-# earlier run resumes that run's state at the page's end. A chunk is cached once the page holding its last
-# token is; evicting a page uncaches the chunk its first token belongs to, if that chunk ends in the page's
-# run (the cache tier drops whatever extends it). A run goes with its last mapped page. Malformed events
-# (tokens that do not fill the pages, a page named twice, a parent page never seen or past its run's
-# tokens, ids outside [0, 2**32)) are refused whole and change nothing. Page hashes are the engine's int64s
-# (SGLang's are signed 64-bit); the compiled twin refuses any other, this one keys a dict by whatever comes
-# (checking each one cost more than the rest of a page-size-1 store).
+# How it works. An engine that pages its KV cache reports a stored chain of pages (below a parent page, with
+# their token ids) and the pages it evicts, each named by the engine's opaque 64-bit hash; the cache tier wants
+# chunk hashes (the xxh64 of every token up to a chunk boundary). Each stored chain becomes a `_Run`: its start
+# offset, the xxh64 state over every token before it, the chunk that ends at or before its start, its token
+# bytes, and the hash of every chunk that ends inside it. A page hash maps to its run (one dict, filled and
+# emptied a whole event at a time by C-level calls: no Python frame per page), and the run knows the page's
+# index. A chain below a page of an earlier run resumes that run's state at the page's end, so an event costs
+# O(its pages + tokens + one chunk), never a re-hash of its prefix. A chunk is cached once the page holding its
+# last token is; evicting a page uncaches the chunk its first token belongs to, if that chunk ends in the
+# page's run (the cache tier drops whatever extends it); a span of consecutive pages of one run (how SGLang
+# lists an evicted node) takes one step per chunk, not per page. A run goes with its last mapped page. Every
+# event is checked here, once, before anything changes: page hashes are integers (SGLang's are signed 64-bit
+# ints; numpy integers count, bools and floats do not: a float equal to a page's hash would name it), a page
+# size an integer in [1, 2**32), token ids as the CHT's insert takes them, the tokens fill the pages and no
+# page repeats within a chain; anything else raises the CHT's `InvalidPages` or `InvalidTokens` with nothing
+# changed. A chain below a page the translator does not
+# hold (stored before it started, or past its run's tokens) is well formed but cannot be placed: `store`
+# returns None.
 
 _Stored = tuple[list[ChunkHash], ChunkHash | None]
+_INT = {int}
 
 
-class PageRunsLike(Protocol):
-    """What both twins offer (`PythonPageRuns` here, `NativePageRuns` on the compiled one)."""
+def checked_pages(pages: Iterable[int] | np.ndarray) -> list[int]:
+    """An event's page hashes as a list of ints: each an integer (an int or a numpy integer; not a bool, a
+    float or anything else), else `InvalidPages`. The engine's hashes are opaque keys, so any integer names a
+    page; a list of ints is checked by one C-level pass over the types of its items."""
+    if isinstance(pages, np.ndarray):
+        if pages.ndim != 1 or (pages.size and pages.dtype.kind not in "iu"):
+            raise InvalidPages(f"page hashes must be 1-D integers, got {pages.dtype} of shape {pages.shape}")
+        return pages.tolist()
+    if isinstance(pages, str | bytes):
+        raise InvalidPages(f"page hashes must be a sequence of integers, got {type(pages).__name__}")
+    try:
+        listed = pages if type(pages) is list else list(pages)
+    except TypeError:
+        raise InvalidPages(
+            f"page hashes must be a sequence of integers, got {type(pages).__name__}"
+        ) from None
+    types = set(map(type, listed))
+    if types <= _INT:
+        return listed
+    if not all(issubclass(kind, np.integer) or kind is int for kind in types):
+        odd = next(kind for kind in types if not (kind is int or issubclass(kind, np.integer)))
+        raise InvalidPages(f"page hashes must be integers, got a {odd.__name__}")
+    return list(map(int, listed))
 
-    @property
-    def num_pages(self) -> int: ...
-    def store(
-        self, parent: int | None, pages: Sequence[int], tokens: Sequence[int], page_size: int
-    ) -> _Stored | None: ...
-    def remove(self, pages: Sequence[int]) -> list[ChunkHash]: ...
-    def clear(self) -> None: ...
-    def check_invariants(self) -> None: ...
+
+def checked_page_size(page_size: int) -> int:
+    """Tokens per page: an integer in [1, 2**32), else `InvalidPages`."""
+    try:
+        size = operator.index(page_size)
+    except TypeError:
+        raise InvalidPages(f"a page size is an integer, got {page_size!r}") from None
+    if not 1 <= size < 2**32:
+        raise InvalidPages(f"a page size lies in [1, 2**32), got {size}")
+    return size
+
+
+def checked_parent(parent: int | None) -> int | None:
+    """A chain's parent page: None (a prompt's start) or a page hash (an integer, as `checked_pages` takes
+    them), else `InvalidPages`."""
+    if parent is None or type(parent) is int:
+        return parent
+    if not isinstance(parent, np.integer):
+        raise InvalidPages(f"a parent page is an integer or None, got {parent!r}")
+    return int(parent)
 
 
 @dataclass(slots=True, eq=False)
@@ -77,8 +118,9 @@ class _Run:
         """End offset -> hash of every chunk that ends in this run, from its state and tokens (what a store
         records, and what `check_invariants` recomputes)."""
         state, hashes, offset = self.state.copy(), {}, self.start
+        data = memoryview(self.tokens)
         for boundary in range(self.start - self.start % chunk_size + chunk_size, self.end + 1, chunk_size):
-            state.update(self.tokens[4 * (offset - self.start) : 4 * (boundary - self.start)])
+            state.update(data[4 * (offset - self.start) : 4 * (boundary - self.start)])
             offset = boundary
             hashes[boundary] = ChunkHash(state.intdigest())
         return hashes
@@ -87,13 +129,13 @@ class _Run:
         """The xxh64 state over every token before `end` (inside this run) and the chunk that ends at or
         before `end`."""
         state = self.state.copy()
-        state.update(self.tokens[: 4 * (end - self.start)])
+        state.update(memoryview(self.tokens)[: 4 * (end - self.start)])
         boundary = end - end % chunk_size
         return state, self.chunks[boundary] if boundary > self.start else self.chunk_before
 
 
-class PythonPageRuns:
-    """Page chains -> chunk chains, in Python (the reference the compiled twin is tested against)."""
+class PageRuns:
+    """Page chains -> chunk chains (see "how it works" above)."""
 
     def __init__(self, chunk_size: int) -> None:
         if chunk_size < 1:
@@ -110,46 +152,40 @@ class PythonPageRuns:
         self, parent: int | None, pages: Sequence[int], tokens: Sequence[int], page_size: int
     ) -> _Stored | None:
         """The engine stored `pages` (holding `tokens`) below the page `parent` (None: at a prompt's start):
-        the hashes of the chunks that end in the chain and the chunk before it, or None if refused."""
-        pages = _listed(pages)
-        if not pages or not 1 <= page_size < 2**32:
-            return None
-        try:
-            data = token_bytes(tokens)
-        except (InvalidTokens, TypeError):
-            return None
+        the hashes of the chunks that end in the chain and the chunk before it; None when `parent` is a page
+        it cannot place. `InvalidPages` / `InvalidTokens` for a malformed event, with nothing changed."""
+        pages = checked_pages(pages)
+        size = checked_page_size(page_size)
+        parent = checked_parent(parent)
+        data = token_bytes(tokens)
         num_tokens = len(data) // 4
-        if not (len(pages) - 1) * page_size < num_tokens <= len(pages) * page_size:
-            return None
+        if not (len(pages) - 1) * size < num_tokens <= len(pages) * size:
+            raise InvalidPages(f"{num_tokens} tokens do not fill {len(pages)} page(s) of {size}")
+        run = _Run(0, None, None, data, list(pages), size)  # its own copy: the event's list is the engine's
+        mapped = dict.fromkeys(pages, run)
+        if len(mapped) != len(pages):
+            raise InvalidPages("a page repeats within one stored chain")
         chunk = self.chunk_size
         if parent is None:
-            start, state, chunk_before = 0, xxhash.xxh64(seed=0), None
+            run.state = xxhash.xxh64(seed=0)
         else:
-            above = self._runs.get(parent) if type(parent) is int else None
+            above = self._runs.get(parent)
             if above is None:
                 return None
-            start = above.start + (above.index(parent) + 1) * above.page_size
-            if start > above.end:
+            run.start = above.start + (above.index(parent) + 1) * above.page_size
+            if run.start > above.end:
                 return None
-            state, chunk_before = above.resume(start, chunk)
-        run = _Run(start, state, chunk_before, data, pages, page_size)
-        try:
-            mapped = dict.fromkeys(pages, run)
-        except TypeError:  # an unhashable page
-            return None
-        if len(mapped) != len(pages):
-            return None
+            run.state, run.chunk_before = above.resume(run.start, chunk)
         run.chunks = run.hash_chunks(chunk)
         self._runs.update(mapped)
-        return list(run.chunks.values()), chunk_before
+        return list(run.chunks.values()), run.chunk_before
 
-    def remove(self, pages: Sequence[int]) -> list[ChunkHash]:
-        """The engine evicted `pages`: the chunk hashes that uncaches, each once, in first-seen order."""
-        pages = _listed(pages) or []
-        if set(map(type, pages)) <= {int}:  # an engine's pages (one C-level pass, then one to pop)
-            runs = list(map(self._runs.pop, pages, repeat(None, len(pages))))
-        else:
-            runs = [self._pop(page) for page in pages]
+    def remove(self, pages: Iterable[int]) -> list[ChunkHash]:
+        """The engine evicted `pages`: the chunk hashes that uncaches, each once, in first-seen order (pages it
+        does not hold are ignored). `InvalidPages` for a page hash that is not an integer (`checked_pages`), with
+        nothing changed."""
+        pages = checked_pages(pages)
+        runs = list(map(self._runs.pop, pages, repeat(None, len(pages))))  # one C-level pass
         gone: dict[ChunkHash, None] = {}
         i = 0
         while i < len(pages):
@@ -162,12 +198,6 @@ class PythonPageRuns:
 
     def clear(self) -> None:
         self._runs.clear()
-
-    def _pop(self, page: Any) -> _Run | None:
-        try:
-            return self._runs.pop(page, None)
-        except TypeError:  # unhashable: names no page
-            return None
 
     def check_invariants(self) -> None:
         """Every mapped page is its run's, and every run's chunk hashes are its tokens' (re-hashed)."""
@@ -207,41 +237,3 @@ class PythonPageRuns:
             if chunk_hash is not None:
                 gone[chunk_hash] = None
         return span
-
-
-def _listed(pages: Any) -> list[Any] | None:
-    try:
-        return list(pages)
-    except TypeError:
-        return None
-
-
-class NativePageRuns:
-    """The compiled `PageRuns` with `check_invariants` raising like the Python twin's."""
-
-    def __init__(self, chunk_size: int) -> None:
-        from sglang_feather.cht._native._core import PageRuns
-
-        self._runs = PageRuns(chunk_size)
-        self.chunk_size = chunk_size
-        self.store = self._runs.store
-        self.remove = self._runs.remove
-        self.clear = self._runs.clear
-
-    @property
-    def num_pages(self) -> int:
-        return self._runs.num_pages
-
-    def check_invariants(self) -> None:
-        from sglang_feather.cht.invariants import InvariantError
-
-        problem = self._runs._check()
-        if problem:
-            raise InvariantError(problem)
-
-
-def page_runs(chunk_size: int) -> PageRunsLike:
-    """The twin that matches the CHT core in use (`cht.backend`): compiled with the compiled core."""
-    from sglang_feather.cht.backend import backend_name
-
-    return NativePageRuns(chunk_size) if backend_name() == "native" else PythonPageRuns(chunk_size)

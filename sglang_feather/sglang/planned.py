@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sglang_feather.admission import Admission
 from sglang_feather.cht import Candidate
-from sglang_feather.sglang.metrics import FeatherMetrics
+from sglang_feather.sglang.slots import QueueSlots
 
 # How it works.
 #
@@ -25,35 +24,45 @@ from sglang_feather.sglang.metrics import FeatherMetrics
 # (tests/sglang/test_planned_pass.py).
 
 
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What settling a plan booked, for the metrics: each admission's shared-depth change and the stopper's
+    consults it counted (those on a pick that adds a prefix group, and the others)."""
+
+    deltas: list[int]
+    num_group_consults: int
+    num_other_consults: int
+
+
 class PlannedPasses:
-    """Mixed into `FeatherRuntime`: the planned pass's state and the adder's calls into it (see "how it
-    works"); `_init_plans` sets it up."""
+    """The planned pass's state and the adder's steps into it (see "how it works"). It owns the plan and
+    receives the admission component that plans and books it and the queue slots that place its requests; the
+    runtime times its calls, records what a settle booked (`Settled`) and turns an exception into an FCFS
+    pass."""
 
-    admission: Admission
-    metrics: FeatherMetrics | None
-    _moved: list[Any]
-    _step_s: float
-
-    _place: Callable[[list[Candidate], int], list[Any]]
-    _failed: Callable[[str, Sequence[Any]], None]
-
-    def _init_plans(self, prefill_budget_tokens: int | None, chunk_size: int) -> None:
+    def __init__(
+        self, admission: Admission, slots: QueueSlots, prefill_budget_tokens: int | None, chunk_size: int
+    ) -> None:
         """`prefill_budget_tokens`: the prompt tokens one prefill batch may compute (None: unknown); it sizes
         planned blocks."""
+        self.admission = admission
+        self.slots = slots
         self.num_planned_passes = 0
         """Passes planned ahead so far (the others stepped)."""
         self.planned: list[Any] | None = None
         """This pass's planned requests in queue order (None: the pass goes step by step). The adder treats the
         request its loop reaches as planned when it is `planned[k]`, k the plan's admissions so far (`planned[0]`
-        before `plan_reached`): a list read, with no call into Feather. Once it admits `planned[-1]`,
-        `planned_all_added` plans the next block."""
-        self._planned_picks: list[Candidate] = []
+        before `reached`): a list read, with no call into Feather. Once it admits `planned[-1]`, `all_added`
+        plans the next block."""
+        self.picks: list[Candidate] = []
+        """The plan's picks, in order (`planned`'s requests)."""
         self.planned_can_run: list[Any] | None = None
-        """SGLang's adder's `can_run_list` once its loop reached the plan (`plan_reached`), and its length then
+        """SGLang's adder's `can_run_list` once its loop reached the plan (`reached`), and its length then
         (`planned_mark`): what it gained since are the plan's admitted requests, in order."""
         self.planned_mark = 0
         self._moved_mark = 0
-        """Where this plan's placed requests start in `_moved` (its admitted ones leave it at settle)."""
+        """Where this plan's placed requests start in the slots' moved requests (its admitted ones leave them at
+        settle)."""
         self._refused = False
         self._block = 1
         self._block_missing: int | None = None
@@ -63,18 +72,19 @@ class PlannedPasses:
             if prefill_budget_tokens is None or prefill_budget_tokens <= 0
             else -(-prefill_budget_tokens // chunk_size)
         )
-        self._last_num_admitted = 0
+        self.last_num_admitted = 0
         """Requests the last pass admitted: the next pass plans one more at first."""
 
-    def _begin_plan(self, batch_size: int) -> None:
+    def begin(self, batch_size: int) -> None:
+        """Plan this pass's first block."""
         self.num_planned_passes += 1
-        self.planned, self._planned_picks, self.planned_can_run = [], [], None
-        self._moved_mark = len(self._moved)
+        self.planned, self.picks, self.planned_can_run = [], [], None
+        self._moved_mark = self.slots.num_moved
         self._refused = False
         if self._budget_chunks is None:
-            self._block = self._last_num_admitted + 1
+            self._block = self.last_num_admitted + 1
         else:  # the budget ends the block; twice the last pass's admissions bound it where picks are cheap
-            self._block = 2 * (self._last_num_admitted + 1)
+            self._block = 2 * (self.last_num_admitted + 1)
         self._block_missing = self._budget_chunks
         self._plan_block(batch_size)
 
@@ -84,71 +94,62 @@ class PlannedPasses:
         self._block *= 2
         if self._block_missing is not None:
             self._block_missing *= 2
-        self._planned_picks += picks
+        self.picks += picks
         planned = self.planned
-        planned += self._place(picks, len(planned))
+        planned += self.slots.place(picks, len(planned))
 
     @property
     def num_planned_admitted(self) -> int:
         """The plan's requests SGLang's adder admitted so far (a prefix of the plan)."""
         return 0 if self.planned_can_run is None else len(self.planned_can_run) - self.planned_mark
 
-    def plan_reached(self, can_run: list[Any]) -> None:
+    def reached(self, can_run: list[Any]) -> None:
         """SGLang's loop reached the plan's first request: its adder's admissions from here on are the plan's."""
-        t0 = time.perf_counter()
         self.planned_can_run, self.planned_mark = can_run, len(can_run)
-        self._step_s += time.perf_counter() - t0
 
-    def planned_all_added(self) -> None:
+    def all_added(self) -> Settled | None:
         """SGLang's adder admitted the plan's last request: a block twice as long follows (or, with nothing
         left to plan, the plan settles and what the loop reaches next steps)."""
-        t0 = time.perf_counter()
-        try:
-            self._plan_block(0)
-            if self.num_planned_admitted == len(self.planned):
-                self._settle_plan()
-        except Exception:
-            self._failed("planned admission", self.planned[-1:] if self.planned else [])
-        self._step_s += time.perf_counter() - t0
+        self._plan_block(0)
+        if self.num_planned_admitted == len(self.planned):
+            return self.settle()
+        return None
 
-    def planned_refused(self) -> None:
+    def refused(self) -> Settled | None:
         """SGLang's budget refused the planned request its loop reached: the plan settles (the pass ends there,
         or goes on past the refusal step by step)."""
-        t0 = time.perf_counter()
-        try:
-            self._refused = True
-            self._settle_plan()
-        except Exception:
-            self._failed("planned admission", self.planned[-1:] if self.planned else [])
-        self._step_s += time.perf_counter() - t0
+        self._refused = True
+        return self.settle()
 
-    def _guarded_settle(self) -> None:
-        t0 = time.perf_counter()
-        try:
-            passed_over = self.num_planned_admitted  # an open plan was refused nothing: all it reached joined
-            self._settle_plan()
-            if passed_over < len(self._planned_picks):
-                self.admission.skip(self._planned_picks[passed_over])
-        except Exception:
-            self._failed("plan settling", [])
-        self._step_s += time.perf_counter() - t0
+    def passed_over(self) -> Settled | None:
+        """SGLang's loop passed over a planned request: the plan settles, and the request it passed over is
+        skipped for this pass."""
+        passed_over = self.num_planned_admitted  # an open plan was refused nothing: all it reached joined
+        settled = self.settle()
+        if passed_over < len(self.picks):
+            self.admission.skip(self.picks[passed_over])
+        return settled
 
-    def _settle_plan(self) -> None:
-        """Book what SGLang admitted of the plan and undo the rest; the pass (if it goes on) steps."""
+    def settle(self) -> Settled | None:
+        """Book what SGLang admitted of the plan and undo the rest (None: no plan is open); the pass (if it goes
+        on) steps."""
         if self.planned is None:
-            return
+            return None
         can_run = self.planned_can_run
         num_admitted = 0 if can_run is None else len(can_run) - self.planned_mark  # `num_planned_admitted`
-        self.planned = self.planned_can_run = None  # `_close_plan`
+        self.close()
         mark = self._moved_mark
-        del self._moved[mark : mark + num_admitted]  # SGLang's filter takes the admitted ones out
-        num_consults, num_group = self.admission.stats.num_consults, self.admission.stats.num_group_consults
+        self.slots.drop_moved(mark, num_admitted)
+        stats = self.admission.stats
+        num_consults, num_group = stats.num_consults, stats.num_group_consults
         admitted = self.admission.settle(num_admitted, self._refused)
-        if self.metrics is not None:
-            self.metrics.admitted_all([each.delta for each in admitted])
-            stats = self.admission.stats
-            num_new_group = stats.num_group_consults - num_group
-            self.metrics.consulted_all(num_new_group, stats.num_consults - num_consults - num_new_group)
+        num_new_group = stats.num_group_consults - num_group
+        return Settled(
+            [each.delta for each in admitted],
+            num_new_group,
+            stats.num_consults - num_consults - num_new_group,
+        )
 
-    def _close_plan(self) -> None:
+    def close(self) -> None:
+        """Drop the plan (settled, or abandoned after an exception)."""
         self.planned = self.planned_can_run = None

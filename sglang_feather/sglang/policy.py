@@ -12,7 +12,7 @@ from sglang_feather.admission import KvHeadroom
 from sglang_feather.sglang.load import mark_matched
 from sglang_feather.sglang.metrics import FeatherMetrics
 from sglang_feather.sglang.options import FEATHER, FeatherOptions
-from sglang_feather.sglang.runtime import FeatherRuntime
+from sglang_feather.sglang.runtime import FeatherRuntime, make_runtime
 
 AddReqResult = _sglang_policy.AddReqResult
 
@@ -38,7 +38,7 @@ class FeatherSchedulePolicy(_sglang_policy.SchedulePolicy):
             super().__init__(policy, tree_cache, *args, **kwargs)
             return
         super().__init__(_sglang_policy.CacheAgnosticPolicy.FCFS.value, tree_cache, *args, **kwargs)
-        self.feather = FeatherRuntime(FeatherOptions(), tree_cache=tree_cache)
+        self.feather = make_runtime(FeatherOptions(), tree_cache=tree_cache)
 
     def configure(
         self,
@@ -55,7 +55,7 @@ class FeatherSchedulePolicy(_sglang_policy.SchedulePolicy):
         if self.feather is None:
             raise ValueError(f"configure() needs schedule policy {FEATHER!r}")
         self.feather.close()
-        self.feather = FeatherRuntime(
+        self.feather = make_runtime(
             options,
             metrics,
             clock,
@@ -103,14 +103,15 @@ class FeatherAdderMixin(_AdderHost):
     def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: int | None):
         feather = self.feather
         can_run = self.can_run_list
-        planned = feather.planned
+        plans = feather.plans
+        planned = plans.planned
         if planned:  # the plan's admissions so far are a prefix of it: is `req` the next one?
-            if feather.planned_can_run is None:
+            if plans.planned_can_run is None:
                 is_planned = planned[0] is req
                 if is_planned:  # the plan's first request: the loop's admissions from here on are the plan's
                     feather.plan_reached(can_run)
             else:
-                k = len(can_run) - feather.planned_mark  # `num_planned_admitted`, read here without a call
+                k = len(can_run) - plans.planned_mark  # `num_planned_admitted`, read here without a call
                 is_planned = k < len(planned) and planned[k] is req
             if is_planned:
                 result = super().add_one_req(req, has_chunked_req, truncation_align_size)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sglang.srt.environ import envs
@@ -13,13 +14,14 @@ from sglang.srt.mem_cache.common import match_kv_cache, touch_waiting_prefix
 from sglang.srt.runtime_context import get_disagg, get_memory
 
 from sglang_feather.admission import Admission, Pick, Proposal
+from sglang_feather.admission.config import AdmissionConfig
 from sglang_feather.admission.costs import Headroom
 from sglang_feather.policy.base import Decision
 from sglang_feather.sglang.cache_events import EventTap, EventTranslator, events_enabled
 from sglang_feather.sglang.metrics import FeatherMetrics
 from sglang_feather.sglang.mirror import QueueMirror
 from sglang_feather.sglang.options import FeatherOptions, options_to_config
-from sglang_feather.sglang.planned import PlannedPasses
+from sglang_feather.sglang.planned import PlannedPasses, Settled
 from sglang_feather.sglang.queues import full_picture
 from sglang_feather.sglang.slots import QueueSlots
 
@@ -66,58 +68,85 @@ SAVE_INTERVAL_S = 30.0
 # looking (`always`, the default) and the cache tier fed, passes are planned ahead instead (`planned.py`).
 
 
-class FeatherRuntime(QueueSlots, PlannedPasses):
+@dataclass(frozen=True)
+class RuntimeParts:
+    """What a runtime is composed of, built by `make_runtime` (tests pass their own)."""
+
+    config: AdmissionConfig
+    admission: Admission
+    mirror: QueueMirror
+    slots: QueueSlots
+    plans: PlannedPasses
+    events: EventTap | None
+    """Drains the tree cache's KV events into the cache tier (None: the cache records none)."""
+
+
+def make_runtime(
+    options: FeatherOptions,
+    metrics: FeatherMetrics | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    tree_cache: Any = None,
+    state_tag: Mapping[str, str] | None = None,
+    publish_events: bool = False,
+    prefill_budget_tokens: int | None = None,
+) -> FeatherRuntime:
+    """The runtime for one scheduler: its admission component, mirror, queue slots, planned passes and event
+    tap, built from the server's options and its tree cache. `prefill_budget_tokens`: the prompt tokens one
+    prefill batch may compute (the server's `--max-prefill-tokens`, or `--chunked-prefill-size` where
+    smaller); it sizes planned blocks. `publish_events`: SGLang's own KV-event publisher drains the cache too."""
+    has_cache = tree_cache is not None and not getattr(tree_cache, "disable", False)
+    page_size = int(getattr(tree_cache, "page_size", 1) or 1)
+    cache_events = events_enabled(tree_cache) and options.admission.chunk_size % page_size == 0
+    config = options_to_config(
+        options,
+        page_size=page_size,
+        defer_uncached_prefix=options.admission.defer_uncached_prefix and has_cache,
+        state_tag=state_tag,
+        cache_events=cache_events,
+    )
+    admission = Admission.from_config(config, clock=clock)
+    mirror = QueueMirror(admission)
+    slots = QueueSlots(mirror)
+    events = None
+    if cache_events:
+        events = EventTap(tree_cache, EventTranslator(admission, config.chunk_size), publish=publish_events)
+    plans = PlannedPasses(admission, slots, prefill_budget_tokens, config.chunk_size)
+    parts = RuntimeParts(config, admission, mirror, slots, plans, events)
+    return FeatherRuntime(options, parts, metrics, clock, tree_cache)
+
+
+class FeatherRuntime:
+    """Feather inside one SGLang scheduler (see "how it works"): the scheduler's events and hooks, timed and
+    guarded, over the parts it is composed of (`RuntimeParts`, passed in)."""
+
     def __init__(
         self,
         options: FeatherOptions,
+        parts: RuntimeParts,
         metrics: FeatherMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         tree_cache: Any = None,
-        state_tag: Mapping[str, str] | None = None,
-        publish_events: bool = False,
-        prefill_budget_tokens: int | None = None,
     ) -> None:
-        """`prefill_budget_tokens`: the prompt tokens one prefill batch may compute (the server's
-        `--max-prefill-tokens`, or `--chunked-prefill-size` where smaller); it sizes planned blocks."""
         self.options = options
         self.metrics = metrics
         self.clock = clock
         self.tree_cache = tree_cache
-        has_cache = tree_cache is not None and not getattr(tree_cache, "disable", False)
-        page_size = int(getattr(tree_cache, "page_size", 1) or 1)
-        cache_events = events_enabled(tree_cache) and options.admission.chunk_size % page_size == 0
-        self.config = options_to_config(
-            options,
-            page_size=page_size,
-            defer_uncached_prefix=options.admission.defer_uncached_prefix and has_cache,
-            state_tag=state_tag,
-            cache_events=cache_events,
-        )
-        self.admission = Admission.from_config(self.config, clock=clock)
-        self.mirror = QueueMirror(self.admission)
-        self.events: EventTap | None = None
-        """Drains the tree cache's KV events into the cache tier (None: the cache records none)."""
-        if cache_events:
-            translator = EventTranslator(self.admission, self.config.chunk_size)
-            self.events = EventTap(tree_cache, translator, publish=publish_events)
-        self._queue: list[Any] | None = None
+        self.config = parts.config
+        self.admission = parts.admission
+        self.mirror = parts.mirror
+        self.slots = parts.slots
+        self.plans = parts.plans
+        self.events = parts.events
         self._pick: Pick | None = None
-        """The request moved to where SGLang's loop reaches next, and its `Req` (`_pick_req`, at `_slot`)."""
+        """The request moved to where SGLang's loop reaches next, and its `Req` (`_pick_req`)."""
         self._pick_req: Any = None
-        self._slot = 0
-        self._moved: list[Any] = []
-        """Picks moved to the head of the queue and not admitted: put back in queue-number order next pass."""
+        has_cache = tree_cache is not None and not getattr(tree_cache, "disable", False)
         self.refreshes_prefixes = has_cache and _lru_refresh_enabled(tree_cache)
         """Each pass refreshes the waiting queue's cached prefixes in the tree cache's LRU (`refresh.py`)
         where SGLang's own refresh of them would run."""
         self.plans_ahead = self.admission.can_plan
         """Plan passes ahead (see "how it works"); False takes the step path, with the same admissions."""
-        self._init_plans(prefill_budget_tokens, self.config.chunk_size)
         self._admitted_before = 0
-        self.num_scans = 0
-        """Times a pick had to be found in the waiting queue by a linear scan (its order was disturbed)."""
-        self.num_misses = 0
-        """Times a pick was not where its rank in the mirror's sorted part said (found by bisection or scan)."""
         self._fcfs_pass = False
         self._needs_rebuild = False
         self._step_s = 0.0
@@ -133,6 +162,20 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
         self.num_errors = 0
         if tree_cache is not None:
             _BY_CACHE[id(tree_cache)] = self
+
+    @property
+    def num_scans(self) -> int:
+        """Times a pick had to be found in the waiting queue by a linear scan (`QueueSlots.num_scans`)."""
+        return self.slots.num_scans
+
+    @property
+    def num_misses(self) -> int:
+        """Times a pick was not where its rank said (`QueueSlots.num_misses`)."""
+        return self.slots.num_misses
+
+    @property
+    def num_planned_passes(self) -> int:
+        return self.plans.num_planned_passes
 
     # ------------------------------------------------------------ scheduler events
 
@@ -166,7 +209,7 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
     def begin_pass(self, waiting_queue: list[Any], running: Sequence[Any]) -> None:
         """Called from `calc_priority`: put Feather's first candidate at the head of `waiting_queue`."""
         t0 = time.perf_counter()
-        self._queue = waiting_queue
+        self.slots.begin_pass(waiting_queue)
         self._pick = None
         self._fcfs_pass = False
         try:
@@ -179,12 +222,12 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
                 self._rebuild(waiting_queue, running)
             elif len(waiting_queue) != self.admission.num_waiting:
                 self._drifted(self._sync(waiting_queue, running, complete=False))
-            self._put_back(waiting_queue)
+            self.slots.put_back(waiting_queue)
             if self.refreshes_prefixes:
                 self._refresh_prefixes(waiting_queue)
             self._admitted_before = self.admission.stats.num_admitted
             if self.plans_ahead:
-                self._begin_plan(len(running))
+                self.plans.begin(len(running))
             else:
                 self._offer(0)
         except Exception:
@@ -203,8 +246,10 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
         `headroom()` is the adder's KV room (`rem_total_tokens` over the pool's size)."""
         if self._fcfs_pass:
             return sglang_add()
-        if self.planned is not None:
-            self._guarded_settle()  # the loop passed over a planned request: the rest step by step
+        if self.plans.planned is not None:
+            self._planned_step(
+                self.plans.passed_over
+            )  # the loop passed over a planned request: the rest steps
         t0 = time.perf_counter()
         try:
             proposal = self._proposal_for(req, batch_size, headroom)
@@ -224,10 +269,7 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
         try:
             if added():
                 self.admission.accept(proposal)
-                if self._moved and self._moved[-1] is req:
-                    self._moved.pop()
-                else:  # it was in the queue's sorted part, which SGLang's filter takes it out of
-                    self.mirror.take_out(req)
+                self.slots.admitted(req)
                 if self.metrics is not None:
                     self.metrics.admitted(proposal.candidate.delta)
                 self._offer_after(req)
@@ -259,6 +301,52 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
             return AddReqResult.OTHER
         self._offer_after(req)
         return AddReqResult.CONTINUE
+
+    def _offer_after(self, req: Any) -> None:
+        """`req` was admitted (or passed over and the pass goes on): offer the next pick in the slot after it."""
+        slot = self.slots.slot_after(req)
+        if slot is not None:
+            self._offer(slot)
+
+    def _offer(self, slot: int) -> None:
+        """Move the admission's next pick into `queue[slot]`, the next one SGLang's loop reaches."""
+        pick = self.admission.next_pick(None if self.events is not None else self._cached_tokens)
+        self._pick = pick
+        if pick is None or not self.slots.in_pass:
+            return
+        self._pick_req = self.mirror.request(pick.request_id)
+        self.slots.move_to(self._pick_req, slot)
+
+    # ------------------------------------------------------------ planned passes (the adder's calls)
+
+    def _record(self, settled: Settled | None) -> None:
+        """Count what a settled plan booked in the metrics."""
+        if settled is not None and self.metrics is not None:
+            self.metrics.admitted_all(settled.deltas)
+            self.metrics.consulted_all(settled.num_group_consults, settled.num_other_consults)
+
+    def plan_reached(self, can_run: list[Any]) -> None:
+        """SGLang's loop reached the plan's first request (`PlannedPasses.reached`)."""
+        t0 = time.perf_counter()
+        self.plans.reached(can_run)
+        self._step_s += time.perf_counter() - t0
+
+    def planned_all_added(self) -> None:
+        """SGLang's adder admitted the plan's last request (`PlannedPasses.all_added`)."""
+        self._planned_step(self.plans.all_added)
+
+    def planned_refused(self) -> None:
+        """SGLang's budget refused the planned request its loop reached (`PlannedPasses.refused`)."""
+        self._planned_step(self.plans.refused)
+
+    def _planned_step(self, step: Callable[[], Settled | None]) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._record(step())
+        except Exception:
+            planned = self.plans.planned
+            self._failed("planned admission", planned[-1:] if planned else [])
+        self._step_s += time.perf_counter() - t0
 
     def _refresh_prefixes(self, waiting_queue: list[Any]) -> None:
         """Touch, in the tree cache's LRU, the cached prefixes Admission names from the queue's head."""
@@ -304,12 +392,11 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
     def end_step(self, scheduler: Any, plan: Any) -> None:
         """After `get_next_batch_to_run`: reward bookkeeping, metrics, the periodic self-check."""
         t0 = time.perf_counter()
-        self._queue = None
+        self.slots.end_pass()
         self._pick = self._pick_req = None
         try:
-            if self.planned is not None:
-                self._settle_plan()
-            self._last_num_admitted = self.admission.stats.num_admitted - self._admitted_before
+            self._record(self.plans.settle())
+            self.plans.last_num_admitted = self.admission.stats.num_admitted - self._admitted_before
             self.admission.end_pass()
             if self._launched is not None:
                 self._report_launched()
@@ -341,9 +428,8 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
 
     def check_queue_order(self, waiting_queue: Sequence[Any]) -> None:
         """Invariant, between passes: the mirror's sorted part is the waiting queue less the picks Feather moved
-        to its head and SGLang did not admit (ValueError otherwise)."""
-        moved = set(map(id, self._moved))
-        self.mirror.check_in_order([req for req in waiting_queue if id(req) not in moved])
+        to its head and SGLang did not admit (`QueueSlots.check_order`; ValueError otherwise)."""
+        self.slots.check_order(waiting_queue)
 
     def _report_launched(self) -> None:
         """The batch launched at the last step end has run (`_launched` is not None): report it to the reward
@@ -364,14 +450,14 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
     def _rebuild(self, waiting: Sequence[Any], active: Sequence[Any]) -> None:
         """Forget every request and mirror the queues afresh (after an exception left the tree in doubt)."""
         self.admission.forget_all()
-        self.mirror = QueueMirror(self.admission)
+        self.mirror.forget()
         self._sync(waiting, active, complete=False)
         self._needs_rebuild = False
 
     def _sync(self, waiting: Sequence[Any], active: Sequence[Any], *, complete: bool) -> int:
         """`QueueMirror.sync`, which numbers the waiting queue in its order: the picks Feather moved to its head
         are then in queue-number order where they are, so none is put back."""
-        self._moved.clear()
+        self.slots.forget_moved()
         return self.mirror.sync(waiting, active, complete=complete)
 
     def _drifted(self, num_changes: int) -> None:
@@ -386,7 +472,7 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
     def _failed(self, where: str, reqs: Sequence[Any]) -> None:
         self.num_errors += 1
         self._fcfs_pass = True
-        self._close_plan()
+        self.plans.close()
         self._needs_rebuild = True
         rids = [getattr(req, "rid", None) for req in reqs]
         logger.exception("Feather failed in %s (requests %s); this pass falls back to FCFS", where, rids)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Sequence
 from itertools import filterfalse
 from operator import attrgetter
 from typing import Any
 
-from sglang_feather.admission import Admission, Pick
 from sglang_feather.cht import Candidate
 from sglang_feather.sglang.mirror import QueueMirror
 
@@ -20,55 +19,94 @@ rank lookup and a list shift; a rebuild one pass over the tail, which reads ever
 
 
 class QueueSlots:
-    """Mixed into `FeatherRuntime`: moves each next pick to where SGLang's loop reaches next, and puts the
-    unadmitted ones back in queue-number order at the next pass (see `runtime.py`, "how it works")."""
+    """Moves each next pick to where SGLang's loop reaches next in this pass's waiting queue, and puts the
+    unadmitted ones back in queue-number order at the next pass (see `runtime.py`, "how it works"). It owns
+    the pass's queue reference, the slot, the moved requests and the miss counters, and receives the mirror
+    whose queue numbers it reads."""
 
-    admission: Admission
-    mirror: QueueMirror
-    events: Any
-    num_scans: int
-    num_misses: int
-    _queue: list[Any] | None
-    _pick: Pick | None
-    _pick_req: Any
-    _slot: int
-    _moved: list[Any]
-    _cached_tokens: Callable[[Any], int]
+    def __init__(self, mirror: QueueMirror) -> None:
+        self.mirror = mirror
+        self.queue: list[Any] | None = None
+        """SGLang's waiting queue during a pass (None between passes)."""
+        self.slot = 0
+        """Where the last pick was moved: the slot SGLang's loop reaches next."""
+        self.moved: list[Any] = []
+        """Picks moved to the head of the queue and not admitted: put back in queue-number order next pass."""
+        self.num_scans = 0
+        """Times a pick had to be found in the waiting queue by a linear scan (its order was disturbed)."""
+        self.num_misses = 0
+        """Times a pick was not where its rank in the mirror's sorted part said (found by bisection or scan)."""
 
-    def _offer_after(self, req: Any) -> None:
-        """`req` was admitted: offer the next pick in the slot after it."""
-        queue = self._queue
+    def begin_pass(self, queue: list[Any]) -> None:
+        """A pass starts on SGLang's waiting queue (`queue`, moved in place)."""
+        self.queue = queue
+
+    def end_pass(self) -> None:
+        self.queue = None
+
+    @property
+    def in_pass(self) -> bool:
+        return self.queue is not None
+
+    def slot_after(self, req: Any) -> int | None:
+        """The slot after `req`, just admitted (None: no pass runs, or `req` is not in the queue)."""
+        queue = self.queue
         if queue is None:
-            return
-        slot = self._slot
+            return None
+        slot = self.slot
         if not (slot < len(queue) and queue[slot] is req):
             self.num_scans += 1
             try:
                 slot = queue.index(req)
             except ValueError:
-                return
-        self._offer(slot + 1)
+                return None
+        return slot + 1
 
-    def _offer(self, slot: int) -> None:
-        """Move the admission's next pick into `queue[slot]`, the next one SGLang's loop reaches."""
-        queue = self._queue
-        pick = self.admission.next_pick(None if self.events is not None else self._cached_tokens)
-        self._pick = pick
-        if queue is None or pick is None:
+    def move_to(self, req: Any, slot: int) -> None:
+        """Move `req` into `queue[slot]`, the next one SGLang's loop reaches (nothing when it is not in the
+        queue at or after `slot`)."""
+        queue = self.queue
+        if queue is None:
             return
-        req = self._pick_req = self.mirror.request(pick.request_id)
         there = self._position(queue, req, slot, self.mirror.rank(req))
         if there is None:
             return
         if there != slot:
             queue.insert(slot, queue.pop(there))
-            self._moved.append(req)
+            self.moved.append(req)
             self.mirror.take_out(req)
-        self._slot = slot
+        self.slot = slot
 
-    def _place(self, picks: list[Candidate], slot: int) -> list[Any]:
+    def admitted(self, req: Any) -> None:
+        """SGLang's adder admitted `req`: it leaves the moved picks, or the mirror's sorted part (SGLang's filter
+        takes it out of the queue)."""
+        if self.moved and self.moved[-1] is req:
+            self.moved.pop()
+        else:
+            self.mirror.take_out(req)
+
+    @property
+    def num_moved(self) -> int:
+        return len(self.moved)
+
+    def drop_moved(self, start: int, num: int) -> None:
+        """`moved[start : start + num]` were admitted (SGLang's filter takes them out of the queue)."""
+        del self.moved[start : start + num]
+
+    def forget_moved(self) -> None:
+        """The mirror renumbered the queue as it is: the moved requests are in queue-number order where they
+        are, so none is put back."""
+        self.moved.clear()
+
+    def check_order(self, waiting_queue: Sequence[Any]) -> None:
+        """Invariant, between passes: the mirror's sorted part is the waiting queue less the picks moved to its
+        head and not admitted (ValueError otherwise)."""
+        moved = set(map(id, self.moved))
+        self.mirror.check_in_order([req for req in waiting_queue if id(req) not in moved])
+
+    def place(self, picks: list[Candidate], slot: int) -> list[Any]:
         """Move planned picks into `queue[slot:]` in order; returns their `Req`s."""
-        queue, rids = self._queue, map(_REQUEST_ID, picks)
+        queue, rids = self.queue, map(_REQUEST_ID, picks)
         if queue is None:
             return self.mirror.requests(rids)
         if len(picks) * REBUILD_RATIO > len(queue) - slot:  # one C-speed rebuild beats a move per pick
@@ -77,15 +115,15 @@ class QueueSlots:
             if len(rest) + len(reqs) != len(queue) - slot:
                 raise LookupError("a planned request is not in the waiting queue after the slot")
             queue[slot:] = reqs + rest
-            self._moved += reqs
+            self.moved += reqs
             self.mirror.forget_order()
             return reqs
         reqs = self.mirror.take_out_block(queue, slot, rids)
         if reqs is not None:
-            self._moved += reqs
+            self.moved += reqs
             return reqs
         reqs = self.mirror.requests(map(_REQUEST_ID, picks))  # the block could not move: one at a time
-        take_out, moved = self.mirror.take_out, self._moved
+        take_out, moved = self.mirror.take_out, self.moved
         for req in reqs:
             there = self._position(queue, req, slot, take_out(req))
             if there is None:
@@ -96,10 +134,10 @@ class QueueSlots:
             slot += 1
         return reqs
 
-    def _put_back(self, queue: list[Any]) -> None:
+    def put_back(self, queue: list[Any]) -> None:
         """Return the last pass's moved (or planned), unadmitted picks from the head of the queue (where SGLang's
         filter of the admitted ones left them) to their places in queue-number order."""
-        moved, self._moved = self._moved, []
+        moved, self.moved = self.moved, []
         if not moved or not queue:
             return
         num_head = 0  # SGLang's filter leaves them at the head in the order they were moved

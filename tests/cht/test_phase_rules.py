@@ -320,7 +320,11 @@ def populated():
 
 
 def _node(tree, h):
-    return tree._nodes[h]
+    return tree._trie.nodes[h]
+
+
+def _global(tree):
+    return tree._ranking.heaps()[0]
 
 
 def _raise_key(heap, index):
@@ -340,22 +344,22 @@ MUTATIONS = {
     ),
     "global key lost": lambda t: setattr(_node(t, 3), "global_key", None),
     "global entry raised": lambda t: setattr(
-        _node(t, 2), "global_key", (*t._global[0][:2], t._global[0][2] + 1)
+        _node(t, 2), "global_key", (*_global(t)[0][:2], _global(t)[0][2] + 1)
     ),
-    "global heap emptied": lambda t: t._global.clear(),
-    "stranger entry dropped": lambda t: t._strangers.clear(),
+    "global heap emptied": lambda t: _global(t).clear(),
+    "stranger entry dropped": lambda t: t._ranking.heaps()[1].clear(),
     "stranger key later than its earliest request": lambda t: setattr(
         _node(t, 20), "stranger_key", (99.0, 99)
     ),
     "arrival heap emptied": lambda t: _node(t, 20).arrivals.clear(),
-    "arrival order emptied": lambda t: t._by_arrival.clear(),
+    "arrival order emptied": lambda t: t._ranking.heaps()[2].clear(),
     "suspension flag without the map": lambda t: setattr(t._requests["s1"], "suspended", True),
     "suspension map without the flag": lambda t: t._suspended.pop("zz"),
     "unbounded candidate heap": lambda t: _node(t, 1).candidates.extend(
         [(0, 0.0, 0, i, t._requests["run"]) for i in range(200)]
     ),
-    "unbounded global heap": lambda t: t._global.extend([(9, 9.0, 9, i, _node(t, 1)) for i in range(200)]),
-    "root given candidates": lambda t: t._root.candidates.append((1, 0.0, 0, 0, t._requests["s1"])),
+    "unbounded global heap": lambda t: _global(t).extend([(9, 9.0, 9, i, _node(t, 1)) for i in range(200)]),
+    "root given candidates": lambda t: t._trie.root.candidates.append((1, 0.0, 0, 0, t._requests["s1"])),
     "count off": lambda t: setattr(_node(t, 2), "num_waiting", 5),
 }
 

@@ -47,7 +47,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "workload": frozenset({"options"}),
     "sglang": CORE | {"options", "types"},
     "vllm": CORE | {"options", "types"},
-    "patches": frozenset(),
+    "patches": frozenset({"sglang"}),  # the supported release, declared once in sglang/version.py
     "measure": frozenset({"workload"}),
     "offline": CORE | {"options", "types", "workload", "measure", "sglang", "vllm"},
     "sim": CORE | {"options", "types", "workload", "offline"},

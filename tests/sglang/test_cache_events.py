@@ -19,7 +19,6 @@ from sglang_feather.offline.sglang_objects import (
     token_ids,
 )
 from sglang_feather.sglang.cache_events import EventTap, EventTranslator, event_source, events_enabled
-from sglang_feather.sglang.page_runs import NativePageRuns, PythonPageRuns
 
 CHUNK = 8
 
@@ -48,21 +47,20 @@ prompts = st.lists(
 """(document, split point, length): prompts that share documents, diverge anywhere and end anywhere."""
 
 
-@pytest.mark.parametrize("twin", [NativePageRuns, PythonPageRuns])
 @pytest.mark.parametrize("kind", ["unified", "python"])
 @pytest.mark.parametrize("page_size", [1, 4])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(st.tuples(prompts, st.integers(0, 200)), min_size=1, max_size=4))
-def test_the_tier_agrees_with_the_cache_match_on_every_prompt(twin, kind, page_size, ops):
+def test_the_tier_agrees_with_the_cache_match_on_every_prompt(kind, page_size, ops):
     """After any inserts and evictions, a prompt's cached depth in the tier is the cache's own match in whole
     chunks (the equivalence the in-flight check relies on instead of a match per candidate), on both tree
-    cores (the Rust one reports a node per event, the Python one a page) and with both page translators."""
+    cores (the Rust one reports a node per event, the Python one a page)."""
     cache = cache_with_events(page_size, kind=kind)
     assert events_enabled(cache)
     admission = Admission.from_config(
         AdmissionConfig(chunk_size=CHUNK, page_size=page_size, cache_events=True)
     )
-    translator = EventTranslator(admission, CHUNK, runs=twin(CHUNK))
+    translator = EventTranslator(admission, CHUNK)
     tap = EventTap(cache, translator, publish=False)
     rng = np.random.default_rng(0)
     docs = [rng.integers(1, 1000, 120).tolist() for _ in range(4)]

@@ -92,12 +92,14 @@ def test_the_checker_catches_a_segmentation_that_shares_too_much_or_too_little()
     rows = torch.tensor([[1, 2, 3, 4], [1, 2, 9, 9]], dtype=torch.int32)
     good = find_segments(rows, [4, 4], page_size=1)
     check_segments(good, rows, 1)
-    too_much = BatchSegments((Span(0, 0, 3, (0, 1)), Span(0, 3, 4, (0,)), Span(1, 3, 4, (1,))), (4, 4))
+    too_much = BatchSegments.from_spans(
+        (Span(0, 0, 3, (0, 1)), Span(0, 3, 4, (0,)), Span(1, 3, 4, (1,))), (4, 4)
+    )
     with pytest.raises(AssertionError, match="expected"):
         check_segments(too_much, rows, 1)
     with pytest.raises(AssertionError, match="only in part"):
         check_segments(private_segments([4, 4]), rows, 1)
-    gap = BatchSegments((Span(0, 0, 2, (0, 1)), Span(0, 3, 4, (0,)), Span(1, 2, 4, (1,))), (4, 4))
+    gap = BatchSegments.from_spans((Span(0, 0, 2, (0, 1)), Span(0, 3, 4, (0,)), Span(1, 2, 4, (1,))), (4, 4))
     with pytest.raises(AssertionError, match="starts at"):
         check_segments(gap, rows, 1)
 

@@ -2334,9 +2334,7 @@ nb::list chunk_hashes(nb::handle tokens, int64_t chunk_size, uint64_t seed) {
 
 }  // namespace
 
-void bind_page_runs(nb::module_& m);  // page_runs.cpp
 void bind_guard(nb::module_& m);      // guard.cpp
-void bind_queue_moves(nb::module_& m);  // queue_moves.cpp
 
 NB_MODULE(_core, m) {
     if (!little_endian()) throw nb::import_error("the compiled CHT core hashes little-endian words; this machine is not");
@@ -2414,7 +2412,5 @@ NB_MODULE(_core, m) {
         .def("cache_clear", &Core::cache_clear)
         .def("is_cached", &Core::is_cached_id, "chunk_hash"_a.none())
         .def("_check", &Core::check);
-    bind_page_runs(m);
     bind_guard(m);
-    bind_queue_moves(m);
 }

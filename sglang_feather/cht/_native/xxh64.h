@@ -1,5 +1,5 @@
-// xxh64 over 4-byte little-endian token ids, the pieces the CHT core (core.cpp) and the page translator
-// (page_runs.cpp) share: the primes, one round, the four accumulators and a digest's finalisation.
+// xxh64 over 4-byte little-endian token ids, the pieces the CHT core (core.cpp, prompt_hashing.h) shares:
+// the primes, one round, the four accumulators and a digest's finalisation.
 #pragma once
 
 #include <cstddef>

@@ -9,7 +9,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from sglang_feather.sglang.grouped_attention.segments import BatchSegments, Span, host_rows
+from sglang_feather.sglang.grouped_attention.segments import BatchSegments, host_rows
 
 GATHER_BYTES = 4 << 20
 """Most bytes of K one gather may hold (V as much again). A bucket of long private tails would otherwise
@@ -47,11 +47,17 @@ class DecodePlan:
     def build(cls, segments: BatchSegments, rows: torch.Tensor, kv_bytes_per_token: int = 0) -> DecodePlan:
         """Bucket spans by (power-of-two length, power-of-two query count), so padding wastes < 2x each way;
         a bucket whose K would exceed `GATHER_BYTES` is cut into several. Partials are owned in bucket order.
-        The spans' numbers go into arrays in one pass and are bucketed there (this runs every forward)."""
-        spans = segments.spans
-        num = np.array([(s.row, s.start, s.end, len(s.members)) for s in spans], dtype=np.int64).reshape(
-            -1, 4
-        )
+        The shared segments (few) and the tails (one per request) go into one array of (row, start, end,
+        queries) and are bucketed there (this runs every forward)."""
+        shared = segments.shared
+        tails = np.flatnonzero(segments.seq_lens > segments.tail_starts)
+        num = np.empty((len(shared) + tails.size, 4), dtype=np.int64)
+        if shared:
+            num[: len(shared)] = [(s.row, s.start, s.end, len(s.members)) for s in shared]
+        num[len(shared) :, 0] = tails
+        num[len(shared) :, 1] = segments.tail_starts[tails]
+        num[len(shared) :, 2] = segments.seq_lens[tails]
+        num[len(shared) :, 3] = 1
         lengths = num[:, 2] - num[:, 1]
         key = _ceil_log2(lengths) * 64 + _ceil_log2(num[:, 3])
         order = np.argsort(key, kind="stable")
@@ -62,7 +68,8 @@ class DecodePlan:
             max_tokens = int(lengths[picked].max())
             span_bytes = kv_bytes_per_token * max_tokens
             per_gather = max(1, GATHER_BYTES // span_bytes) if span_bytes else len(picked)
-            full, num_queries = _bucket([spans[i] for i in picked], num[picked], table, rows.device)
+            members = [shared[i].members for i in picked.tolist() if i < len(shared)]
+            full, num_queries = _bucket(members, num[picked], table, rows.device)
             for first in range(0, len(picked), per_gather):
                 buckets.append(_cut(full, num_queries, first, first + per_gather))
         owners = torch.cat([bucket.owners for bucket in buckets])
@@ -262,10 +269,11 @@ def _gather(buffer: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> tor
 
 
 def _bucket(
-    spans: list[Span], num: np.ndarray, table: np.ndarray, device: torch.device
+    members: list[tuple[int, ...]], num: np.ndarray, table: np.ndarray, device: torch.device
 ) -> tuple[Bucket, np.ndarray]:
-    """All of a shape's spans (`num`: their rows of (row, start, end, members)) in one padded bucket (`_cut`
-    takes its gathers out of it) and each span's query count; indices are built on the host, moved once."""
+    """All of a shape's spans (`num`: their rows of (row, start, end, queries); `members`: the shared spans'
+    queries, which come first in a bucket with any) in one padded bucket (`_cut` takes its gathers out of it)
+    and each span's query count; indices are built on the host, moved once."""
     leaders, starts, ends, num_members = num.T
     lengths = ends - starts
     max_tokens, max_queries = int(lengths.max()), int(num_members.max())
@@ -278,12 +286,12 @@ def _bucket(
         kv_bias = torch.from_numpy(bias).to(device)
     kv_index = torch.from_numpy(table[leaders[:, None], positions].astype(np.int64)).to(device)
     if max_queries == 1:  # private spans: the leader is the only query
-        members = leaders[:, None].copy()
+        queries = leaders[:, None].copy()
     else:
-        members = np.repeat(leaders[:, None], max_queries, axis=1)  # pads repeat the first query
-        for s, span in enumerate(spans):
-            members[s, : len(span.members)] = span.members
-    q_index = torch.from_numpy(members).to(device)
+        queries = np.repeat(leaders[:, None], max_queries, axis=1)  # pads repeat the first query
+        for s, span_members in enumerate(members):
+            queries[s, : len(span_members)] = span_members
+    q_index = torch.from_numpy(queries).to(device)
     bucket = Bucket(kv_index, torch.from_numpy(lengths.copy()).to(device), kv_bias, q_index, None)
     return bucket, num_members
 

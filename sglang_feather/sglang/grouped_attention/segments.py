@@ -42,29 +42,50 @@ class SegmentCounts:
 
 @dataclass(frozen=True, slots=True)
 class BatchSegments:
-    """A decode batch cut into spans: shared segments (every nesting level) and private tails."""
+    """A decode batch cut into spans: its shared segments (every nesting level) and, per request, the private
+    tail below its deepest one, `[tail_starts[i], seq_lens[i])` (empty where a segment reaches `seq_lens[i]`)."""
 
-    spans: tuple[Span, ...]
-    seq_lens: tuple[int, ...]
+    shared: tuple[Span, ...]
+    tail_starts: np.ndarray  # [num_requests] int64
+    seq_lens: np.ndarray  # [num_requests] int64
+
+    @classmethod
+    def from_spans(cls, spans: tuple[Span, ...] | list[Span], seq_lens: list[int]) -> BatchSegments:
+        """From a list of spans (tests, checkers): shared ones kept, each request's private span its tail."""
+        tail_starts = np.array(seq_lens, dtype=np.int64)
+        for span in spans:
+            if not span.is_shared:
+                tail_starts[span.row] = span.start
+        return cls(tuple(s for s in spans if s.is_shared), tail_starts, np.array(seq_lens, dtype=np.int64))
 
     @property
     def num_requests(self) -> int:
         return len(self.seq_lens)
 
+    @property
+    def spans(self) -> tuple[Span, ...]:
+        """Every span: the shared segments, then each non-empty tail."""
+        tails = tuple(
+            Span(i, start, end, (i,))
+            for i, (start, end) in enumerate(
+                zip(self.tail_starts.tolist(), self.seq_lens.tolist(), strict=True)
+            )
+            if end > start
+        )
+        return self.shared + tails
+
     def counts(self) -> SegmentCounts:
-        """The step's `SegmentCounts`, in one pass over the spans."""
-        num_shared = num_reads = num_read = 0
-        for span in self.spans:
+        """The step's `SegmentCounts`, from the shared segments and the tails' lengths."""
+        num_reads = num_read = 0
+        for span in self.shared:
             num_read += span.end - span.start
-            members = len(span.members)
-            if members > 1:
-                num_shared += 1
-                num_reads += members
-        return SegmentCounts(num_shared, num_reads, num_read, sum(self.seq_lens))
+            num_reads += len(span.members)
+        num_read += int((self.seq_lens - self.tail_starts).sum())
+        return SegmentCounts(len(self.shared), num_reads, num_read, int(self.seq_lens.sum()))
 
     @property
     def num_shared_segments(self) -> int:
-        return self.counts().num_shared_segments
+        return len(self.shared)
 
     @property
     def num_shared_reads_per_request(self) -> int:
@@ -76,7 +97,7 @@ class BatchSegments:
 
     @property
     def num_tokens_logical(self) -> int:
-        return sum(self.seq_lens)
+        return int(self.seq_lens.sum())
 
 
 def find_segments(rows: torch.Tensor, seq_lens: list[int], page_size: int = 1) -> BatchSegments:
@@ -95,54 +116,47 @@ def find_segments(rows: torch.Tensor, seq_lens: list[int], page_size: int = 1) -
     system prompt and a document under it are two nested segments (a subset that shares less than a page
     splits where it parts, from the same start). What is left of a request below its deepest segment is its
     private *tail*. Every request's KV `[0, seq_len)` is thus cut into spans; attention over each span gives a
-    partial result and its log-sum-exp, and the partials merge exactly (`kernel.py`)."""
+    partial result and its log-sum-exp, and the partials merge exactly (`kernel.py`). The work is per subset,
+    not per request: members are arrays, and a request's tail start is the end of the last segment it joined."""
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
     if rows.dim() != 2 or rows.shape[0] != len(seq_lens):
         raise ValueError(
             f"rows must be [num_requests, length] for {len(seq_lens)} requests, got {tuple(rows.shape)}"
         )
-    if any(n < 1 or n > rows.shape[1] for n in seq_lens):
+    lens = np.array(seq_lens, dtype=np.int64)
+    if lens.size and (lens.min() < 1 or lens.max() > rows.shape[1]):
         raise ValueError(f"every seq_len must be in [1, {rows.shape[1]}], got {seq_lens}")
     table = host_rows(rows)
-    spans: list[Span] = []
-    first_slots = table[:, 0].tolist()
-    stack = [(members, 0) for members in _split_by(first_slots, range(len(seq_lens)))]
+    tail_starts = np.zeros(len(lens), dtype=np.int64)
+    shared: list[Span] = []
+    stack = [(members, 0) for members in _split_by(table[:, 0], np.arange(len(lens)))]
     while stack:
         members, start = stack.pop()
-        if len(members) == 1:
-            (only,) = members
-            if seq_lens[only] > start:
-                spans.append(Span(only, start, seq_lens[only], members))
-            continue
-        limit = min(seq_lens[m] for m in members)
+        limit = int(lens[members].min())
         common = _common_end(table, members, start, limit)
         end = max(start, common // page_size * page_size)
         if end > start:
-            spans.append(Span(members[0], start, end, members))
+            shared.append(Span(int(members[0]), start, end, tuple(members.tolist())))
+            tail_starts[members] = end  # deeper segments move it on
         # Below `end`, members part by the slot each holds where they part (`end` after a span; where the
-        # whole set stops agreeing when it shares no whole page), and each part goes on from `end`.
+        # whole set stops agreeing when it shares no whole page), and each part of two or more goes on from
+        # `end`; a member that parts alone, or ends before the split, keeps its tail from `end`.
         split_at = end if end > start else common
-        for m in members:
-            if seq_lens[m] <= split_at and seq_lens[m] > end:
-                spans.append(Span(m, end, seq_lens[m], (m,)))
-        going_on = [m for m in members if seq_lens[m] > split_at]
-        if going_on:
-            slots = table[going_on, split_at].tolist()
-            for group in _split_by(slots, going_on):
-                if len(group) == 1:  # parted from every other member: the rest is its tail
-                    spans.append(Span(group[0], end, seq_lens[group[0]], group))
-                else:
-                    stack.append((group, end))
-    return BatchSegments(tuple(spans), tuple(seq_lens))
+        going_on = members[lens[members] > split_at]
+        if going_on.size > 1:
+            stack.extend((part, end) for part in _split_by(table[going_on, split_at], going_on))
+    return BatchSegments(tuple(shared), tail_starts, lens)
 
 
-def _split_by(keys: list[int], members) -> list[tuple[int, ...]]:
-    """Members grouped by key, in first-seen order."""
-    groups: dict[int, list[int]] = {}
-    for key, member in zip(keys, members, strict=True):
-        groups.setdefault(key, []).append(member)
-    return [tuple(group) for group in groups.values()]
+def _split_by(keys: np.ndarray, members: np.ndarray) -> list[np.ndarray]:
+    """The parts of two or more members that share a key (members keep their order within a part)."""
+    if members.size < 2:
+        return []
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    cuts = np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1
+    return [members[part] for part in np.split(order, cuts) if part.size > 1]
 
 
 def host_rows(rows: torch.Tensor) -> np.ndarray:
@@ -151,23 +165,20 @@ def host_rows(rows: torch.Tensor) -> np.ndarray:
     return rows.cpu().numpy()
 
 
-def _common_end(table: np.ndarray, members: tuple[int, ...], start: int, limit: int) -> int:
+def _common_end(table: np.ndarray, members: np.ndarray, start: int, limit: int) -> int:
     """Where the members' rows stop agreeing, from `start` and at most `limit`."""
     if limit <= start:
         return start
-    block = table[members[0] : members[-1] + 1] if _is_run(members) else table[list(members)]
-    block = block[:, start:limit]
+    first, last = int(members[0]), int(members[-1])
+    rows = slice(first, last + 1) if last - first == members.size - 1 else members  # a run: a view
+    block = table[rows, start:limit]
     differs = np.flatnonzero((block != block[0]).any(axis=0))
     return limit if differs.size == 0 else start + int(differs[0])
 
 
-def _is_run(members: tuple[int, ...]) -> bool:
-    return members[-1] - members[0] == len(members) - 1
-
-
 def private_segments(seq_lens: list[int]) -> BatchSegments:
     """Every request its own span, nothing shared: the grouped kernel with grouping off (tails batched)."""
-    return BatchSegments(tuple(Span(i, 0, n, (i,)) for i, n in enumerate(seq_lens)), tuple(seq_lens))
+    return BatchSegments((), np.zeros(len(seq_lens), dtype=np.int64), np.array(seq_lens, dtype=np.int64))
 
 
 def shared_prefix_len(rows: torch.Tensor, seq_lens: list[int], i: int, j: int, page_size: int) -> int:
@@ -182,7 +193,7 @@ def check_segments(segments: BatchSegments, rows: torch.Tensor, page_size: int) 
     """Invariant checker against the pairwise reference: each request's spans tile `[0, seq_len)` in order,
     read its own slots, and at every position are shared with exactly the requests whose rows agree with it up
     to there (page-aligned): each shared token is read once, and nothing is shared that is not. O(B^2 L)."""
-    seq_lens = list(segments.seq_lens)
+    seq_lens = segments.seq_lens.tolist()
     num_requests = len(seq_lens)
     covered = [0] * num_requests
     spans_of: list[list[Span]] = [[] for _ in range(num_requests)]
