@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from sglang_feather.cht.tree import PythonTree
@@ -15,7 +15,11 @@ class InvariantError(AssertionError):
 
 def _require(condition: bool, message: str) -> None:
     if not condition:
-        raise InvariantError(message)
+        _fail(message)
+
+
+def _fail(message: str) -> NoReturn:
+    raise InvariantError(message)
 
 
 def check_tree(tree: PythonTree) -> None:
@@ -31,7 +35,10 @@ def check_tree(tree: PythonTree) -> None:
         _require((rid in active) == (req.state is RequestState.ACTIVE), f"active map wrong for {rid!r}")
         parent = tree._trie.root
         for depth, node in enumerate(req.path, start=1):
-            _require(node.is_alive and nodes.get(node.hash) is node, f"dead/unregistered node in {rid!r}")
+            _require(
+                node.is_alive and node.hash is not None and nodes.get(node.hash) is node,
+                f"dead/unregistered node in {rid!r}",
+            )
             _require(
                 node.parent is parent and node.depth == depth, f"broken chain in {rid!r} at depth {depth}"
             )
@@ -75,8 +82,11 @@ def _check_cache(tree: PythonTree) -> None:
             recount.setdefault(parent, set()).add(chunk_hash)
     _require(recount == children, "the cache tier's child sets disagree with its parents")
     for node in tree._trie.nodes.values():
-        above = node.parent.hash if node.depth > 1 else None
-        expected = cache.get(node.hash, ()) == above and (node.depth == 1 or node.parent.cached)
+        up, node_hash = node.parent, node.hash
+        if up is None or node_hash is None:
+            _fail(f"a node without a parent or a hash at depth {node.depth}")
+        above = up.hash if node.depth > 1 else None
+        expected = cache.get(node_hash, ()) == above and (node.depth == 1 or up.cached)
         _require(node.cached == expected, f"cached flag wrong at depth {node.depth}")
 
 
@@ -147,7 +157,8 @@ def _check_lower_bounds(tree: PythonTree) -> None:
         first = req.path[0]
         if not first.is_covered:
             _require(
-                (req.arrival, req.seq, req) in first.arrivals, f"{req.id!r} missing from its arrival heap"
+                first.arrivals is not None and (req.arrival, req.seq, req) in first.arrivals,
+                f"{req.id!r} missing from its arrival heap",
             )
             bound = first.stranger_key
             _require(
@@ -158,15 +169,16 @@ def _check_lower_bounds(tree: PythonTree) -> None:
         _require(key in entries.get((id(leaf), id(req)), ()), f"no leaf entry for {req.id!r}")
         node = leaf
         while not node.is_covered:
-            best = node.best
+            best, parent = node.best, node.parent
+            if best is None or not best[:2] <= key:
+                _fail(f"cached best does not bound {req.id!r} at {node.depth}")
             _require(
-                best is not None and best[:2] <= key, f"cached best does not bound {req.id!r} at {node.depth}"
-            )
-            _require(
-                best[:2] in entries.get((id(node.parent), id(node)), ()),
+                best[:2] in entries.get((id(parent), id(node)), ()),
                 f"{req.id!r} unreachable above depth {node.depth}",
             )
-            node = node.parent
+            if parent is None:
+                _fail(f"{req.id!r} has no covered node above depth {node.depth}")
+            node = parent
         bound = live_global.get(id(node))
         _require(
             bound is not None and bound <= tree._ranking.global_key(node, key),
