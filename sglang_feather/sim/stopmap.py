@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from sglang_feather.admission import AdmissionConfig
-from sglang_feather.policy import learning_policy_names
+from sglang_feather.policy import learning_policy_names, step_policy_names
 from sglang_feather.sim.attention import ATTENTION_KERNELS
 from sglang_feather.sim.cost import PhysicsCostModel
 from sglang_feather.sim.cpu import FixedCpu
@@ -27,7 +27,7 @@ from sglang_feather.workload import SharedPrefixSpec
 # Each cell is one trace (workload, GPU profile, KV pool) run through Feather with every stopper on the same
 # requests, scheduler CPU charged as zero so only the schedule counts: `always` (never stops), `static` with
 # its physical group cap (as many groups as the profile's usable L2 holds prefixes of this length per layer,
-# at least 1), each learning stopper of the registry at its defaults (`LEARNERS`), and `static` at each fixed
+# at least 1), each learning stopper of the registry at its defaults (`LEARNERS`: from the reward or each step), and `static` at each fixed
 # group cap of `THRESHOLDS`; the best of the fixed caps and `always` is the cell's oracle. Every run is
 # reported beside the physical bound of its own schedule (`Summary.bound_tok_s`: each decode step reading every
 # shared prefix node once, as a cascade kernel would). The cells span the issue's axes without the full product
@@ -38,8 +38,8 @@ from sglang_feather.workload import SharedPrefixSpec
 
 THRESHOLDS = (2, 4, 8, 16)
 """The group caps the oracle sweeps (`static`'s `max_groups`)."""
-LEARNERS = tuple(learning_policy_names())
-"""The stoppers that learn from the throughput reward, each run at its defaults."""
+LEARNERS = (*learning_policy_names(), *step_policy_names())
+"""The stoppers that learn, from the throughput reward or from every decode step, each run at its defaults."""
 BASELINES = ("dfs-weight",)
 """SGLang's policy run beside Feather in the cells the issue sets a bar on."""
 DEFAULT_REQUESTS = 600
