@@ -9,15 +9,15 @@ from typing import Any
 
 from sglang_feather.policy.base import Decision, Observation, PolicyBase
 from sglang_feather.policy.context import is_forced
-from sglang_feather.policy.rls import RecursiveLeastSquares
+from sglang_feather.policy.nnls import ForgettingNNLS
 from sglang_feather.policy.steps import StepSample
 
 # How it works.
 #
 # The throughput reward comes once per scheduling pass, and where a STOP pays the stopper is asked a few dozen
 # times a run, all before that reward says anything; but every decode step shows what a batch costs. So this
-# stopper fits, by recursive least squares (`rls.py`) on every decode step the admission reports, a linear
-# model of step time over what the step read: a constant (weights, launch), the requests (one token each), the
+# stopper fits, by least squares with non-negative coefficients and forgetting (`nnls.py`) on every decode
+# step the admission reports, a linear model of step time over what the step read: a constant (weights, launch), the requests (one token each), the
 # prefix groups, the distinct chunks (a shared prefix read once) and the chunks counted per request (a shared
 # prefix read by each request). The kernel decides which of the last two a step pays: a per-request decode
 # pays the second, a grouped or cascade kernel the first, and an L2 that holds the running prefixes makes the
@@ -61,10 +61,15 @@ class StepModelConfig:
     """λ of the fit: a step seen n steps ago weighs λⁿ (half-life ~700 steps, seconds of decoding)."""
     ridge: float = 1e-3
     """Weight of the prior that every coefficient is 0 (in milliseconds per model unit)."""
+    max_leverage: float = 1.0
+    """The model is trusted only for batches like those it has seen: a batch whose inputs x give xᵀ·P·x above
+    this (its prediction's variance over one step's) is outside what it learned, and the candidate is added."""
 
     def __post_init__(self) -> None:
         if not (type(self.min_samples) is int and self.min_samples >= 1):
             raise ValueError(f"step-model option min_samples must be an int >= 1, got {self.min_samples!r}")
+        if not (isinstance(self.max_leverage, int | float) and self.max_leverage > 0):
+            raise ValueError(f"step-model option max_leverage must be a number > 0, got {self.max_leverage!r}")
         for name, low, high in (("margin", 0.0, 1.0), ("forgetting", 0.0, 1.0)):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and low <= value <= high):
@@ -94,7 +99,7 @@ class StepModelPolicy(PolicyBase):
     def __init__(self, config: StepModelConfig | None = None) -> None:
         super().__init__()
         self.config = config if config is not None else StepModelConfig()
-        self.model = RecursiveLeastSquares(NUM_FEATURES, self.config.ridge, self.config.forgetting)
+        self.model = ForgettingNNLS(NUM_FEATURES, self.config.ridge, self.config.forgetting)
 
     def observe_step(self, step: StepSample) -> None:
         x = step_features(step.num_tokens, step.num_groups, step.num_running_chunks, step.num_read_chunks)
@@ -119,6 +124,8 @@ class StepModelPolicy(PolicyBase):
             obs.num_running_chunks + obs.num_new_chunks,
             obs.num_read_chunks + joining * obs.num_chunks,
         )
+        if max(self.model.leverage(before), self.model.leverage(after)) > self.config.max_leverage:
+            return None
         time_before, time_after = self.model.predict(before), self.model.predict(after)
         if time_before <= 0 or time_after <= 0:
             return None
@@ -134,5 +141,9 @@ class StepModelPolicy(PolicyBase):
         model = state["model"]
         if not isinstance(model, dict):
             raise ValueError(f"step-model state: model must be an object, got {model!r}")
-        parsed = self.model.parse_state(model)
-        return lambda: self.model.install(parsed)
+        fit = self.model.parse_state(model)
+
+        def install() -> None:
+            self.model = fit
+
+        return install
