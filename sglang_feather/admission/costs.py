@@ -196,6 +196,7 @@ class NoFootprint:
     def left(self, change: FootprintChange) -> None:
         return None
 
+
 Footprint = RunningFootprint | NoFootprint
 """What the admission keeps of the batch's footprint: the counts for a stopper that looks, else nothing."""
 

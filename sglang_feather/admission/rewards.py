@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sglang_feather.admission.results import AdmissionStats
 from sglang_feather.admission.costs import Footprint, RunningFootprint
+from sglang_feather.admission.results import AdmissionStats
 from sglang_feather.policy.base import DecisionRecord, StoppingPolicy
-from sglang_feather.policy.steps import StepSample
 from sglang_feather.policy.persist import save_state
+from sglang_feather.policy.steps import StepSample
 
 # How it works.
 #

@@ -16,8 +16,8 @@ from sglang_feather.policy.registry import (
     policy_names,
     step_policy_names,
 )
-from sglang_feather.policy.steps import StepSample
 from sglang_feather.policy.reward import RewardNormalizer
+from sglang_feather.policy.steps import StepSample
 
 __all__ = [
     "DEFAULT_MAX_WAIT_S",

@@ -106,18 +106,28 @@ class ForgettingNNLS:
             assert math.isfinite(a[i][i]) and a[i][i] >= 0, f"A[{i}][{i}] = {a[i][i]}"
             for j in range(i + 1, n):
                 assert a[i][j] == a[j][i], f"A is not symmetric at ({i}, {j})"
-                assert a[i][i] * a[j][j] - a[i][j] ** 2 >= -1e-9 * (1 + a[i][i] * a[j][j]), f"A minor ({i}, {j})"
+                assert a[i][i] * a[j][j] - a[i][j] ** 2 >= -1e-9 * (1 + a[i][i] * a[j][j]), (
+                    f"A minor ({i}, {j})"
+                )
         assert all(t >= 0 and math.isfinite(t) for t in self.theta), self.theta
         assert type(self.num_samples) is int and self.num_samples >= 0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"gram": [list(r) for r in self.gram], "moment": list(self.moment), "num_samples": self.num_samples}
+        return {
+            "gram": [list(r) for r in self.gram],
+            "moment": list(self.moment),
+            "num_samples": self.num_samples,
+        }
 
     def parse_state(self, state: dict[str, Any]) -> ForgettingNNLS:
         """A fit of this size and settings holding a saved state; ValueError if it is malformed."""
         n = self.num_features
         gram, moment, num_samples = state["gram"], state["moment"], state["num_samples"]
-        if not (isinstance(gram, list) and len(gram) == n and all(isinstance(r, list) and len(r) == n for r in gram)):
+        if not (
+            isinstance(gram, list)
+            and len(gram) == n
+            and all(isinstance(r, list) and len(r) == n for r in gram)
+        ):
             raise ValueError(f"fit gram must be a {n}x{n} matrix, got {gram!r}")
         if not (isinstance(moment, list) and len(moment) == n):
             raise ValueError(f"fit moment must be {n} numbers, got {moment!r}")

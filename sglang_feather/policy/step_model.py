@@ -69,7 +69,9 @@ class StepModelConfig:
         if not (type(self.min_samples) is int and self.min_samples >= 1):
             raise ValueError(f"step-model option min_samples must be an int >= 1, got {self.min_samples!r}")
         if not (isinstance(self.max_leverage, int | float) and self.max_leverage > 0):
-            raise ValueError(f"step-model option max_leverage must be a number > 0, got {self.max_leverage!r}")
+            raise ValueError(
+                f"step-model option max_leverage must be a number > 0, got {self.max_leverage!r}"
+            )
         for name, low, high in (("margin", 0.0, 1.0), ("forgetting", 0.0, 1.0)):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and low <= value <= high):

@@ -45,13 +45,23 @@ def test_each_decode_step_is_shown_with_its_time_and_the_batch_it_read():
     clock.now += 0.02
     adm.on_decode_step(3)
     assert rec.steps == [
-        StepSample(num_tokens=3, elapsed_s=rec.steps[0].elapsed_s, num_groups=2, num_running_chunks=19, num_read_chunks=27)
+        StepSample(
+            num_tokens=3,
+            elapsed_s=rec.steps[0].elapsed_s,
+            num_groups=2,
+            num_running_chunks=19,
+            num_read_chunks=27,
+        )
     ], "a0 and a1 share 8 of their 9 chunks, b0 shares none: 19 distinct, 27 counted per request"
     assert abs(rec.steps[0].elapsed_s - 0.02) < 1e-12, "a step's time runs from the previous step report"
     adm.finish("b0")
     clock.now += 0.01
     adm.on_decode_step(2)
-    assert (rec.steps[-1].num_groups, rec.steps[-1].num_running_chunks, rec.steps[-1].num_read_chunks) == (1, 10, 18)
+    assert (rec.steps[-1].num_groups, rec.steps[-1].num_running_chunks, rec.steps[-1].num_read_chunks) == (
+        1,
+        10,
+        18,
+    )
 
 
 def test_a_step_without_a_measured_time_is_not_shown():

@@ -12,6 +12,7 @@ from sglang_feather.policy import (
     make_policy,
     step_policy_names,
 )
+from sglang_feather.policy.step_model import step_features
 
 
 def grouped_law(b, g, distinct, per_request):
@@ -59,8 +60,6 @@ def test_the_fit_recovers_the_step_law():
     assert policy.model.num_samples == 300
     for b, g, d, r in ((1, 1, 10, 10), (200, 8, 1040, 26000)):
         x = (b, g, d, r)
-        from sglang_feather.policy.step_model import step_features
-
         assert policy.model.predict(step_features(*x)) == pytest.approx(grouped_law(*x), rel=1e-3)
 
 
@@ -123,7 +122,14 @@ def test_state_round_trip_and_a_malformed_state_leaves_it_fresh():
 
 @pytest.mark.parametrize(
     "options",
-    [{"min_samples": 0}, {"margin": -0.1}, {"margin": 1.5}, {"forgetting": 0.0}, {"ridge": 0.0}, {"bogus": 1}],
+    [
+        {"min_samples": 0},
+        {"margin": -0.1},
+        {"margin": 1.5},
+        {"forgetting": 0.0},
+        {"ridge": 0.0},
+        {"bogus": 1},
+    ],
 )
 def test_bad_options_are_refused(options):
     with pytest.raises(ValueError):
