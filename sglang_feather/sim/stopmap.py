@@ -218,28 +218,43 @@ PAYING_GAIN = 0.05
 
 
 def learner_lines(results: list[dict[str, Any]]) -> list[str]:
-    """Per learning stopper: the share of the oracle's gain it reaches where a STOP pays (>= 5 %), and its
-    worst ratio to `always` where the oracle is `always` itself."""
+    """Per learning stopper: the share of the oracle's gain it reaches where a STOP pays (>= 5 %), with its
+    consults and stops there, its worst ratio to `always` where the oracle is `always` itself, and its worst
+    where the oracle beats `always` by less than 5 %."""
     lines = []
     for learner in LEARNERS:
-        shares, flat = [], []
+        shares, flat, near = [], [], []
         for res in results:
-            by = {r["label"]: r["summary"]["output_tok_s"] for r in res["runs"]}
-            if learner not in by:
+            runs = {r["label"]: r for r in res["runs"]}
+            if learner not in runs:
                 continue
+            by = {label: r["summary"]["output_tok_s"] for label, r in runs.items()}
             base = by["always"]
             best, best_tok = oracle(res)
+            label = res["cell"] + (f" s{res['seed']}" if "seed" in res else "")
+            ratio = by[learner] / base
             if best_tok / base - 1 >= PAYING_GAIN:
-                shares.append((by[learner] - base) / (best_tok - base))
+                counts = runs[learner]["admission"]
+                share = (by[learner] - base) / (best_tok - base)
+                shares.append(f"{share:.0%} ({label}, {counts['num_consults']}/{counts['num_stops']})")
             elif best == "always":
-                flat.append(by[learner] / base)
-        paying = ", ".join(f"{s:.0%}" for s in shares) or "none"
-        worst = f"{min(flat):.3f}" if flat else "-"
+                flat.append((ratio, label))
+            else:
+                near.append((ratio, label))
+        paying = ", ".join(shares) or "none"
         lines.append(
             f"{learner}: share of the oracle's gain in the {len(shares)} cells where a STOP pays >= "
-            f"{PAYING_GAIN:.0%}: {paying}; worst ratio to always in the {len(flat)} cells where always is best: {worst}"
+            f"{PAYING_GAIN:.0%} (consults/stops): {paying}; worst ratio to always in the {len(flat)} cells where "
+            f"always is best: {_worst(flat)}; in the {len(near)} where the oracle gains less: {_worst(near)}"
         )
     return lines
+
+
+def _worst(ratios: list[tuple[float, str]]) -> str:
+    if not ratios:
+        return "-"
+    ratio, label = min(ratios)
+    return f"{ratio:.3f} ({label})"
 
 
 def main(argv: list[str] | None = None) -> int:
