@@ -146,3 +146,18 @@ class NNLSMachine(RuleBasedStateMachine):
 
 TestNNLSMachine = NNLSMachine.TestCase
 TestNNLSMachine.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+
+
+@settings(max_examples=100, deadline=None)
+@given(first=SAMPLES, more=SAMPLES)
+def test_the_warm_started_solve_equals_a_fresh_enumeration(first, more):
+    """After more samples the last support is tried first (kept if it meets the KKT conditions): the result is
+    the one a fit that never solved before finds."""
+    warm = ForgettingNNLS(3, ridge=1e-2, forgetting=0.97)
+    for x, y in first:
+        warm.update(x, y)
+    assert all(t >= 0 for t in warm.theta)  # solved once: its support is kept for the next solve
+    for x, y in more:
+        warm.update(x, y)
+    cold = warm.parse_state(warm.state_dict())
+    assert warm.theta == pytest.approx(cold.theta, rel=1e-9, abs=1e-12)
