@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from sglang_feather.cht import Candidate, ChunkedHashTree
 from sglang_feather.policy.base import Observation
@@ -15,7 +16,7 @@ from sglang_feather.types import ChunkHash, RequestId
 # A prefix group is the first chunk of a prompt. `RunningFootprint` keeps, from the admission's lifecycle
 # events and in O(log n) tree queries per event, how many requests of each group run and wait, and how many
 # distinct chunks the running requests hold (the working set: what one decode step reads when every shared
-# prefix is read once). A request joining the batch adds the chunks below its deepest prefix some running
+# prefix is read once), and their chunks counted per request (what a step reads when nothing is shared). A request joining the batch adds the chunks below its deepest prefix some running
 # request holds; a request leaving it removes the chunks below the deepest prefix another running request
 # still holds (both found by bisection on the tree's `num_holding`, which never grows with depth). `observe`
 # turns a candidate and these counts into the stopper's `Observation`. The engine reports its KV room as
@@ -42,6 +43,17 @@ class KvHeadroom:
         """The free share of the pool, clamped to [0, 1] (an engine's estimate may overshoot either way)."""
         return min(1.0, max(0.0, self.num_free_tokens / self.num_total_tokens))
 
+
+class FootprintChange(NamedTuple):
+    """What a request joining or leaving the batch changes: its group, the distinct chunks it adds or removes,
+    and its own chunks."""
+
+    group: ChunkHash
+    num_distinct_chunks: int
+    num_chunks: int
+
+
+_NO_CHANGE = FootprintChange(ChunkHash(0), 0, 0)
 
 Headroom = Callable[[], KvHeadroom | None]
 """Asked once per stopper decision (the room shrinks as a pass admits); None when the engine cannot say."""
@@ -76,6 +88,8 @@ class RunningFootprint:
         self.running: dict[ChunkHash, int] = {}
         self.waiting: dict[ChunkHash, int] = {}
         self.num_running_chunks = 0
+        self.num_read_chunks = 0
+        """The running requests' chunks, each request's counted."""
 
     @property
     def num_groups(self) -> int:
@@ -96,6 +110,7 @@ class RunningFootprint:
         self.running.clear()
         self.waiting.clear()
         self.num_running_chunks = 0
+        self.num_read_chunks = 0
 
     def waits(self, tree: ChunkedHashTree, request_id: RequestId) -> None:
         """The request started waiting (call after the tree knows it)."""
@@ -108,30 +123,33 @@ class RunningFootprint:
 
     def joining(
         self, tree: ChunkedHashTree, request_id: RequestId, depth_hint: int | None = None
-    ) -> tuple[ChunkHash, int]:
-        """A waiting request is about to run (ask before the tree activates it): its group and the chunks it
-        adds to the working set. `joined` applies them once the tree took the change. `depth_hint` is what
-        its candidate said of its running depth: two probes confirm it, else it is searched for."""
+    ) -> FootprintChange:
+        """A waiting request is about to run (ask before the tree activates it): its group, the chunks it
+        adds to the working set and its own. `joined` applies them once the tree took the change. `depth_hint`
+        is what its candidate said of its running depth: two probes confirm it, else it is searched for."""
         num_chunks = tree.num_chunks(request_id)
         depth = depth_hint
         if depth is None or not _is_running_depth(tree, request_id, depth, num_chunks):
             depth = running_depth(tree, request_id, 1)
-        return tree.prefix_hash(request_id), num_chunks - depth
+        return FootprintChange(tree.prefix_hash(request_id), num_chunks - depth, num_chunks)
 
-    def joined(self, group: ChunkHash, num_chunks: int) -> None:
-        _decrement(self.waiting, group)
-        self.running[group] = self.running.get(group, 0) + 1
-        self.num_running_chunks += num_chunks
+    def joined(self, change: FootprintChange) -> None:
+        _decrement(self.waiting, change.group)
+        self.running[change.group] = self.running.get(change.group, 0) + 1
+        self.num_running_chunks += change.num_distinct_chunks
+        self.num_read_chunks += change.num_chunks
 
-    def leaving(self, tree: ChunkedHashTree, request_id: RequestId) -> tuple[ChunkHash, int]:
+    def leaving(self, tree: ChunkedHashTree, request_id: RequestId) -> FootprintChange:
         """A running request is about to stop running (ask before the tree finishes or deactivates it): its
-        group and the chunks no other running request holds. `left` applies them."""
-        removed = tree.num_chunks(request_id) - running_depth(tree, request_id, 2)
-        return tree.prefix_hash(request_id), removed
+        group, the chunks no other running request holds and its own. `left` applies them."""
+        num_chunks = tree.num_chunks(request_id)
+        removed = num_chunks - running_depth(tree, request_id, 2)
+        return FootprintChange(tree.prefix_hash(request_id), removed, num_chunks)
 
-    def left(self, group: ChunkHash, num_chunks: int) -> None:
-        _decrement(self.running, group)
-        self.num_running_chunks -= num_chunks
+    def left(self, change: FootprintChange) -> None:
+        _decrement(self.running, change.group)
+        self.num_running_chunks -= change.num_distinct_chunks
+        self.num_read_chunks -= change.num_chunks
 
     @classmethod
     def recount(cls, tree: ChunkedHashTree) -> RunningFootprint:
@@ -143,7 +161,9 @@ class RunningFootprint:
         for request_id in tree.active_ids():
             group = tree.prefix_hash(request_id)
             footprint.running[group] = footprint.running.get(group, 0) + 1
-            chunks.update(tree.path_hashes(request_id))
+            path = tree.path_hashes(request_id)
+            chunks.update(path)
+            footprint.num_read_chunks += len(path)
         footprint.num_running_chunks = len(chunks)
         return footprint
 
@@ -164,20 +184,18 @@ class NoFootprint:
 
     def joining(
         self, tree: ChunkedHashTree, request_id: RequestId, depth_hint: int | None = None
-    ) -> tuple[ChunkHash, int]:
+    ) -> FootprintChange:
         return _NO_CHANGE
 
-    def joined(self, group: ChunkHash, num_chunks: int) -> None:
+    def joined(self, change: FootprintChange) -> None:
         return None
 
-    def leaving(self, tree: ChunkedHashTree, request_id: RequestId) -> tuple[ChunkHash, int]:
+    def leaving(self, tree: ChunkedHashTree, request_id: RequestId) -> FootprintChange:
         return _NO_CHANGE
 
-    def left(self, group: ChunkHash, num_chunks: int) -> None:
+    def left(self, change: FootprintChange) -> None:
         return None
 
-
-_NO_CHANGE = (ChunkHash(0), 0)
 
 Footprint = RunningFootprint | NoFootprint
 """What the admission keeps of the batch's footprint: the counts for a stopper that looks, else nothing."""
@@ -219,4 +237,6 @@ def observe(
         num_group_waiting=max(0, footprint.waiting.get(tree.prefix_hash(request_id), 0) - 1),
         oldest_wait_s=max(0.0, wait_s(oldest)) if oldest is not None else 0.0,
         kv_free_fraction=free if free is None or math.isfinite(free) else None,
+        num_read_chunks=footprint.num_read_chunks,
+        num_chunks=candidate.num_chunks,
     )

@@ -76,20 +76,20 @@ class Lifecycle:
     def _activate(self, request_id: RequestId, depth_hint: int | None = None) -> None:
         change = self.footprint.joining(self.tree, request_id, depth_hint)
         self.tree.activate(request_id)
-        self.footprint.joined(*change)
+        self.footprint.joined(change)
 
     def retract(self, request_id: RequestId) -> None:
         """A running request is pushed back to waiting (KV exhausted, preemption)."""
         change = self.footprint.leaving(self.tree, request_id)
         self.tree.deactivate(request_id)
-        self.footprint.left(*change)
+        self.footprint.left(change)
         self.footprint.waits(self.tree, request_id)
 
     def finish(self, request_id: RequestId) -> None:
         """A running request completed."""
         change = self.footprint.leaving(self.tree, request_id)
         self.tree.finish(request_id)
-        self.footprint.left(*change)
+        self.footprint.left(change)
 
     def abort(self, request_id: RequestId) -> bool:
         """A request left in whatever state it was (finished, aborted); False if Feather did not know it."""
@@ -101,7 +101,7 @@ class Lifecycle:
         if state is RequestState.ACTIVE:
             change = self.footprint.leaving(self.tree, request_id)
             self.tree.discard(request_id)
-            self.footprint.left(*change)
+            self.footprint.left(change)
             return True
         if state is RequestState.WAITING:
             self.footprint.stops_waiting(self.tree, request_id)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sglang_feather.admission.costs import Footprint, RunningFootprint
 from sglang_feather.admission.results import AdmissionStats
 from sglang_feather.policy.base import DecisionRecord, StoppingPolicy
 from sglang_feather.policy.persist import save_state
+from sglang_feather.policy.steps import StepSample
 
 # How it works.
 #
@@ -16,6 +18,8 @@ from sglang_feather.policy.persist import save_state
 # step that computed prompt tokens (`prefill_step`) counts neither tokens nor time. The prefill is work that
 # STOP does not avoid (the stopped request waits and is prefilled in a later pass), so charging it to the
 # window that admitted it would make every ADD look slower than a STOP whose window is a bare decode step.
+# A stopper that `observes_steps` is also shown each decode step with its time and the running batch's
+# footprint (`StepSample`), so the SGLang and vLLM adapters and the simulator feed it through the same call.
 
 
 class RewardWindow:
@@ -50,11 +54,13 @@ class RewardWindow:
             self._decode_s = 0.0
             self._last_event_s = self.clock()
 
-    def decode_step(self, num_tokens: int) -> None:
+    def decode_step(self, num_tokens: int) -> float:
+        """A decode step's tokens; returns its time (0 when no step report or window opening preceded it)."""
         elapsed = self._step_elapsed()
         if self._open:
             self._num_tokens += num_tokens
             self._decode_s += elapsed
+        return elapsed
 
     def prefill_step(self) -> None:
         self._last_event_s = self.clock()  # `_step_elapsed`, whose result a prefill step does not count
@@ -97,13 +103,25 @@ class LearningHooks:
 
     stopper: StoppingPolicy
     state_tag: dict[str, str]
+    footprint: Footprint
     _window: RewardWindow
     _state_path: str | None
 
     def on_decode_step(self, num_tokens: int) -> None:
         """A decode-only step finished: it produced `num_tokens` tokens in the time since the previous step
-        report (or since the window opened). Report each forward step when it is done."""
-        self._window.decode_step(num_tokens)
+        report (or since the window opened). Report each forward step when it is done. A stopper that
+        `observes_steps` is shown the step with the running batch's footprint."""
+        elapsed = self._window.decode_step(num_tokens)
+        footprint = self.footprint
+        if self.stopper.observes_steps and elapsed > 0 and isinstance(footprint, RunningFootprint):
+            step = StepSample(
+                num_tokens=num_tokens,
+                elapsed_s=elapsed,
+                num_groups=footprint.num_groups,
+                num_running_chunks=footprint.num_running_chunks,
+                num_read_chunks=footprint.num_read_chunks,
+            )
+            self.stopper.observe_step(step)
 
     def on_prefill_step(self) -> None:
         """A step that computed prompt tokens (a prefill, a chunk of one, or a step mixing prefill and decode)

@@ -12,6 +12,7 @@ from sglang_feather.bench import (
     grouped_attention,
     overhead,
     soak,
+    step_model,
     vllm_admission,
 )
 
@@ -22,6 +23,7 @@ SUBCOMMANDS = {
     "events": events,
     "soak": soak,
     "grouped-attention": grouped_attention,
+    "step-model": step_model,
     "vllm-admission": vllm_admission,
 }
 """Subcommand -> module providing `add_arguments(parser)` and `main(args) -> int` (its docstring is the help)."""

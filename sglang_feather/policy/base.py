@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from sglang_feather.policy.reward import RewardNormalizer
+from sglang_feather.policy.steps import StepSample
 
 
 class Decision(enum.Enum):
@@ -58,6 +59,10 @@ class Observation:
     kv_free_fraction: float | None = None
     """Share of the engine's KV pool it can still give to new requests (free plus evictable, less what
     running requests are promised), in [0, 1]; None where the engine did not say."""
+    num_read_chunks: int = 0
+    """The running requests' chunks, each request's counted: the KV one decode step reads with no sharing."""
+    num_chunks: int = 0
+    """The candidate's own prompt chunks: what it adds to that per-request read."""
 
     def __post_init__(self) -> None:
         counts = (
@@ -71,6 +76,8 @@ class Observation:
             "num_new_chunks",
             "num_missing",
             "num_group_waiting",
+            "num_read_chunks",
+            "num_chunks",
         )
         bad = [f"{name}={getattr(self, name)!r}" for name in counts if getattr(self, name) < 0]
         if bad:
@@ -110,19 +117,26 @@ class StoppingPolicy(Protocol):
     STOP or the candidates run out; after the batch window that pass formed, `feedback(records, throughput)`
     with that pass's decisions in order and the window's decode throughput in tokens/s. Every policy
     normalises the throughput with its own `RewardNormalizer` (part of `state_dict`) and returns the
-    normalised reward; learning policies credit it to the decisions of the window (see each policy).
+    normalised reward; learning policies credit it to the decisions of the window (see each policy). A
+    stopper with `observes_steps` is also shown every decode step (`observe_step`) as the engine reports it.
     """
 
     name: str
     blind_decision: Decision | None = None
     """The decision of a stopper that never looks at its `Observation` and never learns (`always`: ADD);
     the admission then builds no observation and records nothing for it. None: `decide` is asked."""
+    observes_steps: bool = False
+    """The admission shows this stopper every decode step (`observe_step`); False: it builds no sample."""
 
     def begin_pass(self) -> None:
         """A new scheduling pass starts (per-pass counters reset); learning state is untouched."""
         return None
 
     def decide(self, obs: Observation) -> Decision: ...
+
+    def observe_step(self, step: StepSample) -> None:
+        """One decode step finished (only called when `observes_steps`); learning state may change."""
+        return None
 
     def feedback(self, records: Sequence[DecisionRecord], throughput: float) -> float: ...
 

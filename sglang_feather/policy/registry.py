@@ -10,6 +10,7 @@ from sglang_feather.policy.always import AlwaysPolicy
 from sglang_feather.policy.base import PolicyBase, StoppingPolicy
 from sglang_feather.policy.qlearn import QLearnConfig, QLearnPolicy
 from sglang_feather.policy.static import StaticConfig, StaticPolicy
+from sglang_feather.policy.step_model import StepModelConfig, StepModelPolicy
 from sglang_feather.policy.ucb import UCBConfig, UCBPolicy
 from sglang_feather.policy.ucb_adaptive import AdaptiveUCBConfig, AdaptiveUCBPolicy
 
@@ -22,6 +23,7 @@ POLICIES: dict[str, PolicyFactory] = {
     "ucb": lambda seed, **options: UCBPolicy(UCBConfig(**options)),
     "ucb-adaptive": lambda seed, **options: AdaptiveUCBPolicy(AdaptiveUCBConfig(**options)),
     "qlearn": lambda seed, **options: QLearnPolicy(QLearnConfig(**options), seed=seed),
+    "step-model": lambda seed, **options: StepModelPolicy(StepModelConfig(**options)),
 }
 
 OPTIONS: dict[str, tuple[str, ...]] = {
@@ -30,6 +32,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "ucb": tuple(f.name for f in fields(UCBConfig)),
     "ucb-adaptive": tuple(f.name for f in fields(AdaptiveUCBConfig)),
     "qlearn": tuple(f.name for f in fields(QLearnConfig)),
+    "step-model": tuple(f.name for f in fields(StepModelConfig)),
 }
 
 
@@ -44,6 +47,11 @@ def learning_policy_names() -> list[str]:
 
 def _learns(policy: StoppingPolicy) -> bool:
     return isinstance(policy, PolicyBase) and type(policy).learn is not PolicyBase.learn
+
+
+def step_policy_names() -> list[str]:
+    """The stoppers that learn from every decode step (`observes_steps`), in registry order."""
+    return [name for name in POLICIES if make_policy(name).observes_steps]
 
 
 def make_policy(name: str, *, seed: int = 0, **options: Any) -> StoppingPolicy:

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from sglang_feather.admission import AdmissionConfig
-from sglang_feather.policy import learning_policy_names
+from sglang_feather.policy import learning_policy_names, step_policy_names
 from sglang_feather.sim.attention import ATTENTION_KERNELS
 from sglang_feather.sim.cost import PhysicsCostModel
 from sglang_feather.sim.cpu import FixedCpu
@@ -27,7 +27,7 @@ from sglang_feather.workload import SharedPrefixSpec
 # Each cell is one trace (workload, GPU profile, KV pool) run through Feather with every stopper on the same
 # requests, scheduler CPU charged as zero so only the schedule counts: `always` (never stops), `static` with
 # its physical group cap (as many groups as the profile's usable L2 holds prefixes of this length per layer,
-# at least 1), each learning stopper of the registry at its defaults (`LEARNERS`), and `static` at each fixed
+# at least 1), each learning stopper of the registry at its defaults (`LEARNERS`: from the reward or each step), and `static` at each fixed
 # group cap of `THRESHOLDS`; the best of the fixed caps and `always` is the cell's oracle. Every run is
 # reported beside the physical bound of its own schedule (`Summary.bound_tok_s`: each decode step reading every
 # shared prefix node once, as a cascade kernel would). The cells span the issue's axes without the full product
@@ -38,8 +38,8 @@ from sglang_feather.workload import SharedPrefixSpec
 
 THRESHOLDS = (2, 4, 8, 16)
 """The group caps the oracle sweeps (`static`'s `max_groups`)."""
-LEARNERS = tuple(learning_policy_names())
-"""The stoppers that learn from the throughput reward, each run at its defaults."""
+LEARNERS = (*learning_policy_names(), *step_policy_names())
+"""The stoppers that learn, from the throughput reward or from every decode step, each run at its defaults."""
 BASELINES = ("dfs-weight",)
 """SGLang's policy run beside Feather in the cells the issue sets a bar on."""
 DEFAULT_REQUESTS = 600
@@ -218,28 +218,43 @@ PAYING_GAIN = 0.05
 
 
 def learner_lines(results: list[dict[str, Any]]) -> list[str]:
-    """Per learning stopper: the share of the oracle's gain it reaches where a STOP pays (>= 5 %), and its
-    worst ratio to `always` where the oracle is `always` itself."""
+    """Per learning stopper: the share of the oracle's gain it reaches where a STOP pays (>= 5 %), with its
+    consults and stops there, its worst ratio to `always` where the oracle is `always` itself, and its worst
+    where the oracle beats `always` by less than 5 %."""
     lines = []
     for learner in LEARNERS:
-        shares, flat = [], []
+        shares, flat, near = [], [], []
         for res in results:
-            by = {r["label"]: r["summary"]["output_tok_s"] for r in res["runs"]}
-            if learner not in by:
+            runs = {r["label"]: r for r in res["runs"]}
+            if learner not in runs:
                 continue
+            by = {label: r["summary"]["output_tok_s"] for label, r in runs.items()}
             base = by["always"]
             best, best_tok = oracle(res)
+            label = res["cell"] + (f" s{res['seed']}" if "seed" in res else "")
+            ratio = by[learner] / base
             if best_tok / base - 1 >= PAYING_GAIN:
-                shares.append((by[learner] - base) / (best_tok - base))
+                counts = runs[learner]["admission"]
+                share = (by[learner] - base) / (best_tok - base)
+                shares.append(f"{share:.0%} ({label}, {counts['num_consults']}/{counts['num_stops']})")
             elif best == "always":
-                flat.append(by[learner] / base)
-        paying = ", ".join(f"{s:.0%}" for s in shares) or "none"
-        worst = f"{min(flat):.3f}" if flat else "-"
+                flat.append((ratio, label))
+            else:
+                near.append((ratio, label))
+        paying = ", ".join(shares) or "none"
         lines.append(
             f"{learner}: share of the oracle's gain in the {len(shares)} cells where a STOP pays >= "
-            f"{PAYING_GAIN:.0%}: {paying}; worst ratio to always in the {len(flat)} cells where always is best: {worst}"
+            f"{PAYING_GAIN:.0%} (consults/stops): {paying}; worst ratio to always in the {len(flat)} cells where "
+            f"always is best: {_worst(flat)}; in the {len(near)} where the oracle gains less: {_worst(near)}"
         )
     return lines
+
+
+def _worst(ratios: list[tuple[float, str]]) -> str:
+    if not ratios:
+        return "-"
+    ratio, label = min(ratios)
+    return f"{ratio:.3f} ({label})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,6 +59,8 @@ def test_a_new_group_in_a_mixed_batch_is_consulted_with_its_costs():
     assert c0.adds_group and c0.delta == 0, "the mixed batch shares no prefix, so Δ is 0 for everyone"
     assert c0.num_groups_running == 2
     assert c0.num_running_chunks == 2 * 9 + 1, "a0's 9 chunks, b0's 9, a1's own last chunk"
+    assert c0.num_read_chunks == 3 * 9, "a0, b0 and a1 hold 9 chunks each, counted per request"
+    assert c0.num_chunks == 9
     assert c0.num_new_chunks == 9 and c0.num_missing == 9
     assert c0.num_group_waiting == 1, "c1 waits in its group"
     assert c0.oldest_wait_s == 0.0 and c0.kv_free_fraction == 0.25
@@ -197,6 +199,7 @@ class FootprintMachine(RuleBasedStateMachine):
         assert dict(fp.running) == groups
         chunks = {h for rid in active for h in tree.path_hashes(rid)}
         assert fp.num_running_chunks == len(chunks)
+        assert fp.num_read_chunks == sum(len(tree.path_hashes(rid)) for rid in active)
         waiting = {}
         for rid in self.ids(RequestState.WAITING):
             waiting[tree.prefix_hash(rid)] = waiting.get(tree.prefix_hash(rid), 0) + 1

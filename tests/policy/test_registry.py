@@ -12,7 +12,7 @@ from sglang_feather.policy import (
 
 
 def test_registry_names():
-    assert policy_names() == ["always", "qlearn", "static", "ucb", "ucb-adaptive"]
+    assert policy_names() == ["always", "qlearn", "static", "step-model", "ucb", "ucb-adaptive"]
     assert set(POLICIES) == set(policy_names())
 
 
@@ -20,7 +20,7 @@ def test_the_learning_stoppers_are_those_that_learn_from_the_reward():
     assert learning_policy_names() == ["ucb", "ucb-adaptive", "qlearn"]
 
 
-@pytest.mark.parametrize("name", ["always", "static", "ucb", "qlearn", "ucb-adaptive"])
+@pytest.mark.parametrize("name", ["always", "static", "ucb", "qlearn", "ucb-adaptive", "step-model"])
 def test_every_policy_follows_the_protocol(name):
     policy = make_policy(name, seed=3)
     assert isinstance(policy, StoppingPolicy)
@@ -32,7 +32,7 @@ def test_every_policy_follows_the_protocol(name):
 
 
 def test_unknown_name_lists_valid_names():
-    with pytest.raises(ValueError, match=r"'lpm'.*always, qlearn, static, ucb, ucb-adaptive"):
+    with pytest.raises(ValueError, match=r"'lpm'.*always, qlearn, static, step-model, ucb, ucb-adaptive"):
         make_policy("lpm")
 
 

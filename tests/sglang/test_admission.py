@@ -186,6 +186,36 @@ def test_decode_throughput_of_a_window_reaches_the_stopper():
     assert json.dumps(stopper.state_dict(), sort_keys=True, default=str) != before
 
 
+def test_a_stopper_that_learns_from_steps_is_shown_sglangs_decode_steps():
+    """SGLang's step hook reaches `step-model` through the admission: each decode step with its time and the
+    running batch's footprint, a prefill step not at all."""
+    clock = FakeClock()
+    allocator = make_allocator()
+    cache = make_cache(allocator)
+    options = FeatherOptions(
+        AdmissionConfig(chunk_size=16, defer_uncached_prefix=False, stopper="step-model")
+    )
+    policy = feather_policy(cache, options, clock)
+    running = batch()
+    waiting = _groups_queue()[:4]
+    admitted, _ = _pass(policy, cache, allocator, waiting, running)
+    running.reqs.extend(admitted)
+    waiting[:] = [r for r in waiting if r not in admitted]
+    model = policy.feather.admission.stopper.model
+    clock.now += 0.5
+    on_step_end(scheduler_view(policy, waiting), prefill_plan(running, admitted))
+    assert model.num_samples == 0
+    for _ in range(4):
+        clock.now += 0.25
+        on_step_end(scheduler_view(policy, waiting), decode_plan(running))
+    assert model.num_samples == 3, (
+        "a launched step is reported at the next step's end: the prefill, then 3 decodes"
+    )
+    footprint = policy.feather.admission.footprint
+    assert footprint.num_groups == len({r.rid.split("-")[0] for r in admitted})
+    assert model.moment[0] > 0, "the steps' 0.25 s reached the fit"
+
+
 def test_learned_state_is_saved_and_loaded(tmp_path):
     path = tmp_path / "ucb.json"
     clock = FakeClock()

@@ -185,20 +185,32 @@ def test_the_stop_map_and_the_decode_heavy_sweep_run_under_the_kernel_asked():
 def test_the_stop_maps_learner_lines_score_the_share_of_the_oracles_gain():
     from sglang_feather.sim.stopmap import learner_lines
 
-    def res(always: float, cap: float, ucb: float) -> dict:
+    def res(cell: str, always: float, cap: float, ucb: float) -> dict:
         runs = [
             ("always", always),
             ("cap 2", cap),
             ("ucb", ucb),
             ("ucb-adaptive", always),
             ("qlearn", always),
+            ("step-model", always),
         ]
-        return {"runs": [{"label": label, "summary": {"output_tok_s": tok}} for label, tok in runs]}
+        counts = {"num_consults": 7, "num_stops": 2}
+        return {
+            "cell": cell,
+            "seed": 0,
+            "runs": [
+                {"label": la, "summary": {"output_tok_s": tok}, "admission": counts} for la, tok in runs
+            ],
+        }
 
-    lines = learner_lines([res(100.0, 110.0, 108.0), res(100.0, 99.0, 99.5)])
-    assert lines[0].startswith("ucb: ") and "1 cells where a STOP pays >= 5%: 80%" in lines[0]
-    assert "1 cells where always is best: 0.995" in lines[0]
-    assert "pays >= 5%: 0%" in lines[1]
+    results = [res("pays", 100.0, 110.0, 108.0), res("flat", 100.0, 99.0, 99.5), res("near", 100, 102, 99.0)]
+    lines = learner_lines(results)
+    assert lines[0].startswith("ucb: ")
+    assert "1 cells where a STOP pays >= 5% (consults/stops): 80% (pays s0, 7/2)" in lines[0]
+    assert "1 cells where always is best: 0.995 (flat s0)" in lines[0]
+    assert "in the 1 where the oracle gains less: 0.990 (near s0)" in lines[0]
+    assert "(consults/stops): 0% (pays s0, 7/2)" in lines[1]
+    assert len(lines) == 4 and lines[3].startswith("step-model: ")
 
 
 def test_the_sweeps_attention_flag_runs_every_case_under_that_kernel(tmp_path, monkeypatch):
