@@ -86,7 +86,8 @@ class ForgettingNNLS:
             theta = self._on_support(a, b, self._support)
             if theta is not None and _is_optimal(a, b, theta, self._support):
                 return [float(t) for t in theta]
-        best, best_value, best_support = np.zeros(self.num_features), 0.0, ()
+        best, best_value = np.zeros(self.num_features), 0.0
+        best_support: tuple[int, ...] = ()
         for size in range(1, self.num_features + 1):
             for support in itertools.combinations(range(self.num_features), size):
                 theta = self._on_support(a, b, support)

@@ -129,7 +129,9 @@ class NNLSMachine(RuleBasedStateMachine):
     @rule()
     def save_and_reload(self):
         twin = self.fit.parse_state(self.fit.state_dict())
-        assert twin.theta == self.fit.theta
+        # The optimum is unique (the ridge makes the objective strictly convex), but the reloaded fit solves
+        # it cold and the live one from its last support: the two agree up to rounding.
+        assert twin.theta == pytest.approx(self.fit.theta, rel=1e-9, abs=1e-12)
         self.fit = twin
 
     @invariant()
