@@ -6,7 +6,6 @@ from collections.abc import Callable
 
 from sglang_feather.admission.results import AdmissionStats
 from sglang_feather.policy.base import DecisionRecord, StoppingPolicy
-from sglang_feather.policy.persist import save_state
 
 # How it works.
 #
@@ -90,36 +89,3 @@ class RewardWindow:
         self._num_tokens = 0
         self._decode_s = 0.0
         return True
-
-
-class LearningHooks:
-    """Mixed into `Admission`: the engine's step reports that feed the reward window, and persistence."""
-
-    stopper: StoppingPolicy
-    state_tag: dict[str, str]
-    _window: RewardWindow
-    _state_path: str | None
-
-    def on_decode_step(self, num_tokens: int) -> None:
-        """A decode-only step finished: it produced `num_tokens` tokens in the time since the previous step
-        report (or since the window opened). Report each forward step when it is done."""
-        self._window.decode_step(num_tokens)
-
-    def on_prefill_step(self) -> None:
-        """A step that computed prompt tokens (a prefill, a chunk of one, or a step mixing prefill and decode)
-        finished: neither its time nor its tokens count towards the reward window."""
-        self._window.prefill_step()
-
-    def on_batch_drained(self) -> None:
-        """Nothing runs any more: reward the open window and open none until the next decision."""
-        self._window.drained()
-
-    def end_window(self, num_tokens: int, elapsed_s: float) -> float | None:
-        """Reward every decision made since the last window with `num_tokens / elapsed_s` (normalised); a
-        window without decisions still updates the normalisation. None for an empty window."""
-        return self._window.end(num_tokens, elapsed_s)
-
-    def save_state(self) -> None:
-        """Persist the learned stopper (atomic); a no-op without a state path."""
-        if self._state_path is not None:
-            save_state(self.stopper, self._state_path, tag=self.state_tag)
