@@ -21,8 +21,10 @@ from sglang_feather.sglang.metrics import FeatherMetrics
 # admission (`planned_all_added`: a block twice as long follows), never of each admission, which it counts
 # from SGLang's `can_run_list`. At the first refusal, when nothing is left to plan, when the loop passes over a
 # planned request, or else at the step end, `settle` books what SGLang admitted and undoes the rest; a pass
-# that goes on after it steps. The admissions are the same as the step path's
-# (tests/sglang/test_planned_pass.py).
+# that goes on after it steps: when the plan ended before a pick the concentration rule decides (or planned
+# nothing), that pick is offered where the loop reaches next, as the step path would. With the rule on, the
+# adder also reports SGLang's KV room at each planned request its loop reaches (`planned_room`), which
+# `settle` shows the rule. The admissions are the same as the step path's (tests/sglang/test_planned_pass.py).
 
 
 class PlannedPasses:
@@ -35,6 +37,7 @@ class PlannedPasses:
     _step_s: float
 
     _place: Callable[[list[Candidate], int], list[Any]]
+    _offer: Callable[[int], None]
     _failed: Callable[[str, Sequence[Any]], None]
 
     def _init_plans(self, prefill_budget_tokens: int | None, chunk_size: int) -> None:
@@ -65,6 +68,9 @@ class PlannedPasses:
         )
         self._last_num_admitted = 0
         """Requests the last pass admitted: the next pass plans one more at first."""
+        self.planned_rooms: list[int | None] | None = None
+        """SGLang's KV room (tokens) at each planned request its loop reached, for the concentration rule (None:
+        no plan, or the rule is off)."""
 
     def _begin_plan(self, batch_size: int) -> None:
         self.num_planned_passes += 1
@@ -76,7 +82,11 @@ class PlannedPasses:
         else:  # the budget ends the block; twice the last pass's admissions bound it where picks are cheap
             self._block = 2 * (self._last_num_admitted + 1)
         self._block_missing = self._budget_chunks
+        self.planned_rooms = [] if self.admission.concentration is not None else None
         self._plan_block(batch_size)
+        if not self.planned:  # nothing to plan, or the first pick is the concentration rule's to decide
+            self._settle_plan()
+            self._offer(0)
 
     def _plan_block(self, batch_size: int) -> None:
         """Plan the next block and move its requests into the slots SGLang's loop reaches next."""
@@ -104,11 +114,20 @@ class PlannedPasses:
         left to plan, the plan settles and what the loop reaches next steps)."""
         t0 = time.perf_counter()
         try:
+            num_placed = len(self.planned)
             self._plan_block(0)
             if self.num_planned_admitted == len(self.planned):
                 self._settle_plan()
+                self._offer(num_placed)  # the step path's next pick, if the plan ended before one
         except Exception:
             self._failed("planned admission", self.planned[-1:] if self.planned else [])
+        self._step_s += time.perf_counter() - t0
+
+    def planned_room(self, room: Callable[[Any], int | None], adder: Any) -> None:
+        """SGLang's loop reached a planned request: `room(adder)` is its KV room now (the concentration rule's
+        measure of what the admission before it took; `planned_rooms`)."""
+        t0 = time.perf_counter()
+        self.planned_rooms.append(room(adder))
         self._step_s += time.perf_counter() - t0
 
     def planned_refused(self) -> None:
@@ -143,7 +162,8 @@ class PlannedPasses:
         mark = self._moved_mark
         del self._moved[mark : mark + num_admitted]  # SGLang's filter takes the admitted ones out
         num_consults, num_group = self.admission.stats.num_consults, self.admission.stats.num_group_consults
-        admitted = self.admission.settle(num_admitted, self._refused)
+        rooms, self.planned_rooms = self.planned_rooms, None
+        admitted = self.admission.settle(num_admitted, self._refused, rooms)
         if self.metrics is not None:
             self.metrics.admitted_all([each.delta for each in admitted])
             stats = self.admission.stats

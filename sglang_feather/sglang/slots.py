@@ -107,15 +107,15 @@ class QueueSlots:
             if num_head == len(queue) or queue[num_head] is not req:
                 break
             num_head += 1
-        # In another order (`Req` compares by identity): every moved request at the head.
-        if num_head < len(moved) and num_head < len(queue) and queue[num_head] in moved:
-            moved_ids = set(map(id, moved))
-            while num_head < len(queue) and id(queue[num_head]) in moved_ids:
-                num_head += 1
-        if not num_head:
-            return
-        head = queue[:num_head]
-        del queue[:num_head]
+        if num_head == len(moved):
+            head = queue[:num_head]
+            del queue[:num_head]
+        else:  # admitted ones left, or in another order, or behind a pick held back where it stood: find them
+            moved_ids = set(map(id, moved))  # `Req` compares by identity
+            head = [req for req in queue if id(req) in moved_ids]
+            if not head:
+                return
+            queue[:] = [req for req in queue if id(req) not in moved_ids]
         seq = self.mirror.seq
         for req in head:
             slot, num = self.mirror.put_in(req), seq(req)
