@@ -130,9 +130,7 @@ def test_a_held_request_past_the_bound_waits_while_the_pool_binds_and_a_cold_pro
     assert adm.stats.num_aged == 1
     adm.enqueue("cold", [9] * 64)
     candidate = adm.tree.candidate("cold")
-    assert not Concentration.locks_new_prefix(candidate, adm.tree), (
-        "nothing shares its prompt"
-    )
+    assert not Concentration.locks_new_prefix(candidate, adm.tree), "nothing shares its prompt"
 
 
 def test_p_is_the_rooms_drop_per_admission_and_the_promise_what_it_takes_beyond_the_prompt():

@@ -18,6 +18,7 @@ from sglang_feather.offline.sglang_objects import make_req as make_sglang_req
 from sglang_feather.sglang.metrics import FeatherMetrics
 from sglang_feather.sglang.options import FEATHER, FeatherOptions
 
+
 def options(concentrate: bool) -> FeatherOptions:
     return FeatherOptions(
         AdmissionConfig(chunk_size=16, stopper="always", max_wait_s=2.0, concentrate=concentrate)
@@ -61,7 +62,9 @@ def snapshot(side: AdapterHarness) -> tuple:
         type(admission.footprint).__name__,
         (runtime.num_drift, runtime.num_errors),
         admission.num_waiting_running,
-        None if admission.concentration is None else (
+        None
+        if admission.concentration is None
+        else (
             admission.concentration.mean_cost_tokens,
             admission.concentration.promise_tokens,
         ),
