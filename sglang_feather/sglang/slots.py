@@ -112,10 +112,15 @@ class QueueSlots:
             del queue[:num_head]
         else:  # admitted ones left, or in another order, or behind a pick held back where it stood: find them
             moved_ids = set(map(id, moved))  # `Req` compares by identity
-            head = [req for req in queue if id(req) in moved_ids]
+            head, end = [], 0
+            for end, req in enumerate(queue, 1):  # they are near the head: stop once all are found
+                if id(req) in moved_ids:
+                    head.append(req)
+                    if len(head) == len(moved):
+                        break
             if not head:
                 return
-            queue[:] = [req for req in queue if id(req) not in moved_ids]
+            queue[:end] = [req for req in queue[:end] if id(req) not in moved_ids]
         seq = self.mirror.seq
         for req in head:
             slot, num = self.mirror.put_in(req), seq(req)
