@@ -117,16 +117,20 @@ class Concentration:
     def replay(self, rooms: list[int | None], admitted: list[Candidate]) -> None:
         """`room_seen` and `admitted` for decisions made ahead of the rule (a planned pass): at the i-th the
         engine had `rooms[i]` tokens of room (None: it could not say), and the first `len(admitted)` were
-        admitted, in order."""
-        last, pending, num_admitted = self._last_room, self._pending, len(admitted)
+        admitted, in order. Only the last PRIVATE_WINDOW measurements stay in the window, so only those are
+        booked."""
+        last, pending = self._last_room, self._pending
+        measured: list[tuple[int, int]] = []
         for i, num_free in enumerate(rooms):
             if pending is not None and last is not None and num_free is not None:
-                self._measured(max(0, last - num_free), pending)
+                measured.append((max(0, last - num_free), pending))
             last, pending = num_free, None
-            if i < num_admitted:
+            if i < len(admitted):
                 candidate = admitted[i]
-                if not candidate.adds_group and candidate.depth_cached <= candidate.depth_running:
-                    pending = self.prompt_tokens(candidate)
+                if candidate.depth_running and candidate.depth_cached <= candidate.depth_running:
+                    pending = (candidate.num_chunks - candidate.depth_running) * self.chunk_size
+        for num_taken, num_prompt in measured[-PRIVATE_WINDOW:]:
+            self._measured(num_taken, num_prompt)
         self._last_room, self._pending = last, pending
 
     def admitted(self, candidate: Candidate) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 from sglang.srt.environ import envs
@@ -24,6 +25,8 @@ from sglang_feather.sglang.queues import full_picture
 from sglang_feather.sglang.slots import QueueSlots
 
 logger = logging.getLogger(__name__)
+
+_RID = attrgetter("rid")
 
 
 def _lru_refresh_enabled(tree_cache: Any) -> bool:
@@ -262,7 +265,7 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
 
     def _refresh_prefixes(self, waiting_queue: list[Any]) -> None:
         """Touch, in the tree cache's LRU, the cached prefixes Admission names from the queue's head."""
-        for rid in self.admission.prefixes_to_refresh(req.rid for req in waiting_queue):
+        for rid in self.admission.prefixes_to_refresh(map(_RID, waiting_queue)):
             touch_waiting_prefix(self.mirror.request(rid), self.tree_cache)
 
     def _proposal_for(self, req: Any, batch_size: int, headroom: Headroom | None) -> Proposal | None:
