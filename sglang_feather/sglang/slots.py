@@ -112,15 +112,16 @@ class QueueSlots:
             del queue[:num_head]
         else:  # admitted ones left, or in another order, or behind a pick held back where it stood: find them
             moved_ids = set(map(id, moved))  # `Req` compares by identity
-            head, end = [], 0
-            for end, req in enumerate(queue, 1):  # they are near the head: stop once all are found
+            head, num_seen = [], 0
+            for req in queue:  # they are near the head: stop once all are found
+                num_seen += 1
                 if id(req) in moved_ids:
                     head.append(req)
                     if len(head) == len(moved):
                         break
             if not head:
                 return
-            queue[:end] = [req for req in queue[:end] if id(req) not in moved_ids]
+            queue[:num_seen] = [req for req in queue[:num_seen] if id(req) not in moved_ids]
         seq = self.mirror.seq
         for req in head:
             slot, num = self.mirror.put_in(req), seq(req)
