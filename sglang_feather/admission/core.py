@@ -395,6 +395,12 @@ class Admission:
         in-flight check asks the engine nothing (it reads the cache tier, or is off)."""
         return self._stopper.blind_decision is Decision.ADD and not self._in_flight.needs_engine
 
+    @property
+    def can_plan_rest(self) -> bool:
+        """`can_plan`, and nothing closed this pass to some candidates (a STOP under the new-groups scope, or a
+        hold of the concentration rule): the rest of the pass can be planned ahead."""
+        return self.can_plan and not (self._groups_closed or self._prefixes_closed or self._guard_held)
+
     def plan_ahead(self, batch_size: int, max_picks: int, max_missing: int | None = None) -> list[Candidate]:
         """Up to `max_picks` more picks of this pass, each taken as `next_pick` takes it once the picks before
         it were accepted (each is activated in the tree before the next is taken; the last when the plan goes

@@ -22,7 +22,8 @@ from sglang_feather.sglang.metrics import FeatherMetrics
 # from SGLang's `can_run_list`. At the first refusal, when nothing is left to plan, when the loop passes over a
 # planned request, or else at the step end, `settle` books what SGLang admitted and undoes the rest; a pass
 # that goes on after it steps: when the plan ended before a pick the concentration rule decides (or planned
-# nothing), that pick is offered where the loop reaches next, as the step path would. With the rule on, the
+# nothing), that pick is offered where the loop reaches next, as the step path would, and once the step path
+# admitted it the rest of the pass is planned again (unless a hold or a STOP closed it). With the rule on, the
 # adder also reports SGLang's KV room at each planned request its loop reaches (`planned_room`), which
 # `settle` shows the rule. The admissions are the same as the step path's (tests/sglang/test_planned_pass.py).
 
@@ -57,6 +58,8 @@ class PlannedPasses:
         self.planned_mark = 0
         self._moved_mark = 0
         """Where this plan's placed requests start in `_moved` (its admitted ones leave it at settle)."""
+        self._plan_slot = 0
+        """Where this plan's requests start in the queue (0 but for a plan of the rest of a pass)."""
         self._refused = False
         self._block = 1
         self._block_missing: int | None = None
@@ -72,8 +75,10 @@ class PlannedPasses:
         """SGLang's KV room (tokens) at each planned request its loop reached, for the concentration rule (None:
         no plan, or the rule is off)."""
 
-    def _begin_plan(self, batch_size: int) -> None:
-        self.num_planned_passes += 1
+    def _begin_plan(self, batch_size: int, slot: int = 0) -> None:
+        """Plan the pass from `queue[slot]` on (0: its start; later, after a request the step path admitted)."""
+        self.num_planned_passes += slot == 0
+        self._plan_slot = slot
         self.planned, self._planned_picks, self.planned_can_run = [], [], None
         self._moved_mark = len(self._moved)
         self._refused = False
@@ -86,7 +91,7 @@ class PlannedPasses:
         self._plan_block(batch_size)
         if not self.planned:  # nothing to plan, or the first pick is the concentration rule's to decide
             self._settle_plan()
-            self._offer(0)
+            self._offer(slot)
 
     def _plan_block(self, batch_size: int) -> None:
         """Plan the next block and move its requests into the slots SGLang's loop reaches next."""
@@ -96,7 +101,7 @@ class PlannedPasses:
             self._block_missing *= 2
         self._planned_picks += picks
         planned = self.planned
-        planned += self._place(picks, len(planned))
+        planned += self._place(picks, self._plan_slot + len(planned))
 
     @property
     def num_planned_admitted(self) -> int:
@@ -118,7 +123,9 @@ class PlannedPasses:
             self._plan_block(0)
             if self.num_planned_admitted == len(self.planned):
                 self._settle_plan()
-                self._offer(num_placed)  # the step path's next pick, if the plan ended before one
+                self._offer(
+                    self._plan_slot + num_placed
+                )  # the step path's next pick, if the plan ended before one
         except Exception:
             self._failed("planned admission", self.planned[-1:] if self.planned else [])
         self._step_s += time.perf_counter() - t0

@@ -233,7 +233,7 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
                     self.mirror.take_out(req)
                 if self.metrics is not None:
                     self.metrics.admitted(proposal.candidate.delta)
-                self._offer_after(req)
+                self._offer_after(req, batch_size + 1)
             else:
                 self.admission.withdraw(proposal)
         except Exception:

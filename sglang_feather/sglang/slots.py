@@ -34,9 +34,13 @@ class QueueSlots:
     _slot: int
     _moved: list[Any]
     _cached_tokens: Callable[[Any], int]
+    plans_ahead: bool
+    _begin_plan: Callable[[int, int], None]
+    _settle_plan: Callable[[], None]
 
-    def _offer_after(self, req: Any) -> None:
-        """`req` was admitted: offer the next pick in the slot after it."""
+    def _offer_after(self, req: Any, batch_size: int | None = None) -> None:
+        """`req` was admitted (a batch of `batch_size` now runs: then the rest of the pass is planned where it can
+        be) or passed over: offer the next pick in the slot after it."""
         queue = self._queue
         if queue is None:
             return
@@ -47,6 +51,12 @@ class QueueSlots:
                 slot = queue.index(req)
             except ValueError:
                 return
+        if batch_size is not None and self.plans_ahead and self.admission.can_plan_rest:
+            try:
+                self._begin_plan(batch_size, slot + 1)
+                return
+            except LookupError:  # a pick lies before the slot (the loop passed over it): step as before
+                self._settle_plan()
         self._offer(slot + 1)
 
     def _offer(self, slot: int) -> None:
