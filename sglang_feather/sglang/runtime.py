@@ -41,6 +41,11 @@ def _lru_refresh_enabled(tree_cache: Any) -> bool:
     )
 
 
+PLAN_FROM = 8
+"""Admissions in the last pass from which the next is planned ahead: a plan's fixed cost (the plan, placing it,
+settling it; about 90 µs more than the step path's first decisions, docs/results/overhead.md) pays off from
+about 8 admissions, each about 12 µs cheaper planned. Both paths admit the same requests."""
+
 SAVE_INTERVAL_S = 30.0
 """How often a learning stopper's state is written to `--feather-state-path` while serving."""
 
@@ -115,6 +120,10 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
         where SGLang's own refresh of them would run."""
         self.plans_ahead = self.admission.can_plan
         """Plan passes ahead (see "how it works"); False takes the step path, with the same admissions."""
+        self.plan_from = PLAN_FROM
+        """A pass is planned when the last one admitted at least this many requests (`PLAN_FROM`)."""
+        self.planning_pass = False
+        """This pass was planned ahead (a plan that ended early is planned again after the step path's pick)."""
         self._init_plans(prefill_budget_tokens, self.config.chunk_size)
         self._admitted_before = 0
         self.num_scans = 0
@@ -186,7 +195,8 @@ class FeatherRuntime(QueueSlots, PlannedPasses):
             if self.refreshes_prefixes:
                 self._refresh_prefixes(waiting_queue)
             self._admitted_before = self.admission.stats.num_admitted
-            if self.plans_ahead:
+            self.planning_pass = self.plans_ahead and self._last_num_admitted >= self.plan_from
+            if self.planning_pass:
                 self._begin_plan(len(running))
             else:
                 self._offer(0)

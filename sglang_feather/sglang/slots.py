@@ -34,7 +34,7 @@ class QueueSlots:
     _slot: int
     _moved: list[Any]
     _cached_tokens: Callable[[Any], int]
-    plans_ahead: bool
+    planning_pass: bool
     _begin_plan: Callable[[int, int], None]
     _settle_plan: Callable[[], None]
 
@@ -51,7 +51,7 @@ class QueueSlots:
                 slot = queue.index(req)
             except ValueError:
                 return
-        if batch_size is not None and self.plans_ahead and self.admission.can_plan_rest:
+        if batch_size is not None and self.planning_pass and self.admission.can_plan_rest:
             try:
                 self._begin_plan(batch_size, slot + 1)
                 return

@@ -33,6 +33,7 @@ def harness(plans_ahead: bool, cached: tuple, concentrate: bool = False) -> Adap
     side = AdapterHarness(FEATHER, options=options(concentrate), cached=cached, allocator_size=4_000)
     assert side.runtime.events is not None, "the cache tier is fed from the tree cache's events"
     side.runtime.plans_ahead = plans_ahead
+    side.runtime.plan_from = 0  # every pass planned, however few the last one admitted
     side.runtime.metrics = FeatherMetrics({"model_name": "tiny"}, registry=CollectorRegistry())
     return side
 
