@@ -535,6 +535,11 @@ class Admission:
         return self.tree.chunk_size
 
     @property
+    def page_size(self) -> int:
+        """Tokens per KV page of the engine's cache (the in-flight check compares page-rounded prefixes)."""
+        return self._in_flight.page_size
+
+    @property
     def num_waiting(self) -> int:
         return self.tree.num_waiting
 
