@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from sglang_feather.admission.costs import KvHeadroom, RunningFootprint
+from sglang_feather.admission.costs import KvHeadroom
 from sglang_feather.cht import Candidate, ChunkedHashTree
-from sglang_feather.types import ChunkHash
 
 PRIVATE_WINDOW = 32
 """Admissions whose measured cost makes the running groups' per-request cost `p` (their mean): a window, so a
@@ -82,18 +81,16 @@ class Concentration:
         """The prompt tokens of the admission since that decision, when it locked no new prefix."""
 
     @staticmethod
-    def locks_new_prefix(
-        candidate: Candidate, footprint: RunningFootprint, group: ChunkHash, tree: ChunkedHashTree
-    ) -> bool:
+    def locks_new_prefix(candidate: Candidate, tree: ChunkedHashTree) -> bool:
         """Admitting it locks a prefix other requests share and no running request holds: its group (first
-        chunk, `group`) runs nowhere and has other waiting requests, or the engine's cache holds more of its
-        prompt than running requests do and another waiting request shares that cached part. A prompt nothing
-        else waiting shares beyond the running prefix (a cold prompt, or one whose cached part is its own, as a
-        chat turn's history) locks nothing new: its prompt is its own, which it costs whenever it runs."""
+        chunk) runs nowhere and has other waiting requests, or the engine's cache holds more of its prompt than
+        running requests do and another waiting request shares that cached part. A prompt nothing else waiting
+        shares beyond the running prefix (a cold prompt, or one whose cached part is its own, as a chat turn's
+        history) locks nothing new: its prompt is its own, which it costs whenever it runs."""
         depth = candidate.depth_running
         if candidate.depth_cached > depth and tree.num_waiting_holding(candidate.request_id, depth + 1) > 1:
             return True
-        return candidate.adds_group and footprint.waiting.get(group, 0) > 1
+        return candidate.adds_group and tree.num_waiting_holding(candidate.request_id, 1) > 1
 
     def prompt_tokens(self, candidate: Candidate) -> int:
         """The prompt tokens admitting `candidate` takes beyond what running requests lock."""
@@ -117,6 +114,25 @@ class Concentration:
             self._measured(max(0, self._last_room - num_free), self._pending)
         self._last_room, self._pending = num_free, None
 
+    def replay(self, rooms: list[int | None], admitted: list[Candidate]) -> None:
+        """`room_seen` and `admitted` for decisions made ahead of the rule (a planned pass): at the i-th the
+        engine had `rooms[i]` tokens of room (None: it could not say), and the first `len(admitted)` were
+        admitted, in order. Only the last PRIVATE_WINDOW measurements stay in the window, so only those are
+        booked."""
+        last, pending = self._last_room, self._pending
+        measured: list[tuple[int, int]] = []
+        for i, num_free in enumerate(rooms):
+            if pending is not None and last is not None and num_free is not None:
+                measured.append((max(0, last - num_free), pending))
+            last, pending = num_free, None
+            if i < len(admitted):
+                candidate = admitted[i]
+                if candidate.depth_running and candidate.depth_cached <= candidate.depth_running:
+                    pending = (candidate.num_chunks - candidate.depth_running) * self.chunk_size
+        for num_taken, num_prompt in measured[-PRIVATE_WINDOW:]:
+            self._measured(num_taken, num_prompt)
+        self._last_room, self._pending = last, pending
+
     def admitted(self, candidate: Candidate) -> None:
         """The last decision's candidate was admitted: its cost is read at the pass's next decision when it
         joined a prefix running requests hold and locked none of the cache's."""
@@ -135,30 +151,30 @@ class Concentration:
         self._sum_taken += num_taken
         self._sum_prompt += num_prompt
 
-    def check(self, candidate: Candidate, footprint: RunningFootprint, room: KvHeadroom) -> RoomCheck | None:
-        """The rule's inputs for a candidate that locks a new prefix (None before `p` was measured)."""
+    def check(self, candidate: Candidate, num_waiting: int, room: KvHeadroom) -> RoomCheck | None:
+        """The rule's inputs for a candidate that locks a new prefix, `num_waiting` requests waiting (None before
+        `p` was measured)."""
         p = self.mean_cost_tokens
         if p is None:
             return None
         cost = round(self.prompt_tokens(candidate) + self.promise_tokens)
-        return RoomCheck(cost, room.num_free_tokens, round(footprint.num_waiting * p), p)
+        return RoomCheck(cost, room.num_free_tokens, round(num_waiting * p), p)
 
     def holds_back(
         self,
         candidate: Candidate,
-        footprint: RunningFootprint,
-        group: ChunkHash,
+        num_waiting_running: int,
         room: KvHeadroom | None,
         tree: ChunkedHashTree,
         early: bool = False,
     ) -> bool:
-        """Whether `candidate` (of prefix group `group`) is held back in this pass: it locks a new prefix, costs
-        more than a request that locks nothing new and the pool binds; and a request of a running group waits
-        (else the room would go unused), or it is an `early` pick (the aging guard's before its bound: the
+        """Whether `candidate` is held back in this pass: it locks a new prefix, costs more than a request that
+        locks nothing new and the pool binds; and a request of a running group waits (`num_waiting_running`,
+        else the room would go unused), or it is an `early` pick (the aging guard's before its bound: the
         ranking, not age, then chooses which group's prefix is locked). Never without the engine's room."""
-        if room is None or (not early and footprint.num_waiting_running == 0):
+        if room is None or (not early and num_waiting_running == 0):
             return False
-        if not self.locks_new_prefix(candidate, footprint, group, tree):
+        if not self.locks_new_prefix(candidate, tree):
             return False
-        check = self.check(candidate, footprint, room)
+        check = self.check(candidate, tree.num_waiting, room)
         return check is not None and check.holds_back

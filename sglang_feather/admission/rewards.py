@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sglang_feather.admission.costs import Footprint, RunningFootprint
 from sglang_feather.admission.results import AdmissionStats
 from sglang_feather.policy.base import DecisionRecord, StoppingPolicy
-from sglang_feather.policy.persist import save_state
-from sglang_feather.policy.steps import StepSample
 
 # How it works.
 #
@@ -18,8 +15,6 @@ from sglang_feather.policy.steps import StepSample
 # step that computed prompt tokens (`prefill_step`) counts neither tokens nor time. The prefill is work that
 # STOP does not avoid (the stopped request waits and is prefilled in a later pass), so charging it to the
 # window that admitted it would make every ADD look slower than a STOP whose window is a bare decode step.
-# A stopper that `observes_steps` is also shown each decode step with its time and the running batch's
-# footprint (`StepSample`), so the SGLang and vLLM adapters and the simulator feed it through the same call.
 
 
 class RewardWindow:
@@ -96,48 +91,3 @@ class RewardWindow:
         self._num_tokens = 0
         self._decode_s = 0.0
         return True
-
-
-class LearningHooks:
-    """Mixed into `Admission`: the engine's step reports that feed the reward window, and persistence."""
-
-    stopper: StoppingPolicy
-    state_tag: dict[str, str]
-    footprint: Footprint
-    _window: RewardWindow
-    _state_path: str | None
-
-    def on_decode_step(self, num_tokens: int) -> None:
-        """A decode-only step finished: it produced `num_tokens` tokens in the time since the previous step
-        report (or since the window opened). Report each forward step when it is done. A stopper that
-        `observes_steps` is shown the step with the running batch's footprint."""
-        elapsed = self._window.decode_step(num_tokens)
-        footprint = self.footprint
-        if self.stopper.observes_steps and elapsed > 0 and isinstance(footprint, RunningFootprint):
-            step = StepSample(
-                num_tokens=num_tokens,
-                elapsed_s=elapsed,
-                num_groups=footprint.num_groups,
-                num_running_chunks=footprint.num_running_chunks,
-                num_read_chunks=footprint.num_read_chunks,
-            )
-            self.stopper.observe_step(step)
-
-    def on_prefill_step(self) -> None:
-        """A step that computed prompt tokens (a prefill, a chunk of one, or a step mixing prefill and decode)
-        finished: neither its time nor its tokens count towards the reward window."""
-        self._window.prefill_step()
-
-    def on_batch_drained(self) -> None:
-        """Nothing runs any more: reward the open window and open none until the next decision."""
-        self._window.drained()
-
-    def end_window(self, num_tokens: int, elapsed_s: float) -> float | None:
-        """Reward every decision made since the last window with `num_tokens / elapsed_s` (normalised); a
-        window without decisions still updates the normalisation. None for an empty window."""
-        return self._window.end(num_tokens, elapsed_s)
-
-    def save_state(self) -> None:
-        """Persist the learned stopper (atomic); a no-op without a state path."""
-        if self._state_path is not None:
-            save_state(self.stopper, self._state_path, tag=self.state_tag)

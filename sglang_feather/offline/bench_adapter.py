@@ -96,7 +96,7 @@ def _restore(harness: AdapterHarness, result: PassResult, queue: list) -> list:
     if harness.is_feather:
         for req in result.admitted:
             harness.runtime.mirror.queued(req)
-        harness.runtime.mirror.sync(queue, harness.running, complete=False)
+        harness.runtime._sync(queue, harness.running, complete=False)  # renumbers: no moved pick to put back
     return queue
 
 

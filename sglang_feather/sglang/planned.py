@@ -20,8 +20,11 @@ from sglang_feather.sglang.slots import QueueSlots
 # admission (`planned_all_added`: a block twice as long follows), never of each admission, which it counts
 # from SGLang's `can_run_list`. At the first refusal, when nothing is left to plan, when the loop passes over a
 # planned request, or else at the step end, `settle` books what SGLang admitted and undoes the rest; a pass
-# that goes on after it steps. The admissions are the same as the step path's
-# (tests/sglang/test_planned_pass.py).
+# that goes on after it steps: when the plan ended before a pick the concentration rule decides (or planned
+# nothing), that pick is offered where the loop reaches next, as the step path would, and once the step path
+# admitted it the rest of the pass is planned again (unless a hold or a STOP closed it). With the rule on, the
+# adder also reports SGLang's KV room at each planned request its loop reaches (`room`), which `settle` shows
+# the rule. The admissions are the same as the step path's (tests/sglang/test_planned_pass.py).
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +77,20 @@ class PlannedPasses:
         )
         self.last_num_admitted = 0
         """Requests the last pass admitted: the next pass plans one more at first."""
+        self.plan_slot = 0
+        """Where this plan's requests start in the queue (0 but for a plan of the rest of a pass)."""
+        self.resume_slot = 0
+        """Where the step path goes on after a plan that settled with nothing left to plan."""
+        self.planned_rooms: list[int | None] | None = None
+        """SGLang's KV room (tokens) at each planned request its loop reached, for the concentration rule (None:
+        no plan, or the rule is off)."""
 
-    def begin(self, batch_size: int) -> None:
-        """Plan this pass's first block."""
-        self.num_planned_passes += 1
+    def begin(self, batch_size: int, slot: int = 0) -> Settled | None:
+        """Plan the pass's first block from `queue[slot]` on (0: its start; later, after a request the step path
+        admitted). When nothing could be planned (nothing left, or the first pick is the concentration rule's to
+        decide) the plan settles at once (returned) and the step path goes on from `slot`."""
+        self.num_planned_passes += slot == 0
+        self.plan_slot = slot
         self.planned, self.picks, self.planned_can_run = [], [], None
         self._moved_mark = self.slots.num_moved
         self._refused = False
@@ -86,7 +99,11 @@ class PlannedPasses:
         else:  # the budget ends the block; twice the last pass's admissions bound it where picks are cheap
             self._block = 2 * (self.last_num_admitted + 1)
         self._block_missing = self._budget_chunks
+        self.planned_rooms = [] if self.admission.concentration is not None else None
         self._plan_block(batch_size)
+        if not self.planned:
+            return self.settle()
+        return None
 
     def _plan_block(self, batch_size: int) -> None:
         """Plan the next block and move its requests into the slots SGLang's loop reaches next."""
@@ -96,7 +113,7 @@ class PlannedPasses:
             self._block_missing *= 2
         self.picks += picks
         planned = self.planned
-        planned += self.slots.place(picks, len(planned))
+        planned += self.slots.place(picks, self.plan_slot + len(planned))
 
     @property
     def num_planned_admitted(self) -> int:
@@ -109,11 +126,19 @@ class PlannedPasses:
 
     def all_added(self) -> Settled | None:
         """SGLang's adder admitted the plan's last request: a block twice as long follows (or, with nothing
-        left to plan, the plan settles and what the loop reaches next steps)."""
+        left to plan, the plan settles and the step path goes on from `resume_slot`)."""
+        num_placed = len(self.planned)
         self._plan_block(0)
         if self.num_planned_admitted == len(self.planned):
+            self.resume_slot = self.plan_slot + num_placed  # the step path's next pick, if the plan ended early
             return self.settle()
         return None
+
+    def room(self, num_free_tokens: int | None) -> None:
+        """SGLang's loop reached a planned request with `num_free_tokens` of KV room (the concentration rule's
+        measure of what the admission before it took; `planned_rooms`)."""
+        if self.planned_rooms is not None:
+            self.planned_rooms.append(num_free_tokens)
 
     def refused(self) -> Settled | None:
         """SGLang's budget refused the planned request its loop reached: the plan settles (the pass ends there,
@@ -142,7 +167,8 @@ class PlannedPasses:
         self.slots.drop_moved(mark, num_admitted)
         stats = self.admission.stats
         num_consults, num_group = stats.num_consults, stats.num_group_consults
-        admitted = self.admission.settle(num_admitted, self._refused)
+        rooms, self.planned_rooms = self.planned_rooms, None
+        admitted = self.admission.settle(num_admitted, self._refused, rooms)
         num_new_group = stats.num_group_consults - num_group
         return Settled(
             [each.delta for each in admitted],

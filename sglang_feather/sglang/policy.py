@@ -114,6 +114,8 @@ class FeatherAdderMixin(_AdderHost):
                 k = len(can_run) - plans.planned_mark  # `num_planned_admitted`, read here without a call
                 is_planned = k < len(planned) and planned[k] is req
             if is_planned:
+                if plans.planned_rooms is not None:  # the concentration rule measures each admission
+                    feather.planned_room(kv_free_tokens, self)
                 result = super().add_one_req(req, has_chunked_req, truncation_align_size)
                 if not (can_run and can_run[-1] is req):
                     feather.planned_refused()
@@ -130,6 +132,16 @@ class FeatherAdderMixin(_AdderHost):
             added=lambda: bool(self.can_run_list) and self.can_run_list[-1] is req,
             headroom=lambda: kv_headroom(self),
         )
+
+
+def kv_free_tokens(adder: Any) -> int | None:
+    """`kv_headroom(adder).num_free_tokens`, without building the headroom (None where it is None)."""
+    try:
+        if int(adder.token_to_kv_pool_allocator.size) <= 0:
+            return None
+        return max(0, int(adder.rem_total_tokens))
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 def kv_headroom(adder: Any) -> KvHeadroom | None:

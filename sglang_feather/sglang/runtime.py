@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from sglang.srt.environ import envs
@@ -27,6 +28,8 @@ from sglang_feather.sglang.slots import QueueSlots
 
 logger = logging.getLogger(__name__)
 
+_RID = attrgetter("rid")
+
 
 def _lru_refresh_enabled(tree_cache: Any) -> bool:
     """Where SGLang 0.5.23 refreshes waiting prefixes for its own policies (`_touch_waiting_prefixes`): its
@@ -39,6 +42,11 @@ def _lru_refresh_enabled(tree_cache: Any) -> bool:
         and tree_cache.supports_prefix_sharing()
     )
 
+
+PLAN_FROM = 8
+"""Admissions in the last pass from which the next is planned ahead: a plan's fixed cost (the plan, placing it,
+settling it; about 90 µs more than the step path's first decisions, docs/results/overhead.md) pays off from
+about 8 admissions, each about 12 µs cheaper planned. Both paths admit the same requests."""
 
 SAVE_INTERVAL_S = 30.0
 """How often a learning stopper's state is written to `--feather-state-path` while serving."""
@@ -146,6 +154,10 @@ class FeatherRuntime:
         where SGLang's own refresh of them would run."""
         self.plans_ahead = self.admission.can_plan
         """Plan passes ahead (see "how it works"); False takes the step path, with the same admissions."""
+        self.plan_from = PLAN_FROM
+        """A pass is planned when the last one admitted at least this many requests (`PLAN_FROM`)."""
+        self.planning_pass = False
+        """This pass was planned ahead (a plan that ended early is planned again after the step path's pick)."""
         self._admitted_before = 0
         self._fcfs_pass = False
         self._needs_rebuild = False
@@ -226,8 +238,9 @@ class FeatherRuntime:
             if self.refreshes_prefixes:
                 self._refresh_prefixes(waiting_queue)
             self._admitted_before = self.admission.stats.num_admitted
-            if self.plans_ahead:
-                self.plans.begin(len(running))
+            self.planning_pass = self.plans_ahead and self.plans.last_num_admitted >= self.plan_from
+            if self.planning_pass:
+                self._begin_plan(len(running), 0)
             else:
                 self._offer(0)
         except Exception:
@@ -272,7 +285,7 @@ class FeatherRuntime:
                 self.slots.admitted(req)
                 if self.metrics is not None:
                     self.metrics.admitted(proposal.candidate.delta)
-                self._offer_after(req)
+                self._offer_after(req, batch_size + 1)
             else:
                 self.admission.withdraw(proposal)
         except Exception:
@@ -302,10 +315,25 @@ class FeatherRuntime:
         self._offer_after(req)
         return AddReqResult.CONTINUE
 
-    def _offer_after(self, req: Any) -> None:
-        """`req` was admitted (or passed over and the pass goes on): offer the next pick in the slot after it."""
+    def _offer_after(self, req: Any, batch_size: int | None = None) -> None:
+        """`req` was admitted (a batch of `batch_size` now runs: then the rest of the pass is planned where it
+        can be) or passed over and the pass goes on: offer the next pick in the slot after it."""
         slot = self.slots.slot_after(req)
-        if slot is not None:
+        if slot is None:
+            return
+        if batch_size is not None and self.planning_pass and self.admission.can_plan_rest:
+            try:
+                self._begin_plan(batch_size, slot)
+                return
+            except LookupError:  # a pick lies before the slot (the loop passed over it): step as before
+                self._record(self.plans.settle())
+        self._offer(slot)
+
+    def _begin_plan(self, batch_size: int, slot: int) -> None:
+        """Plan the pass from `queue[slot]` on; where nothing could be planned, the step path offers there."""
+        settled = self.plans.begin(batch_size, slot)
+        if self.plans.planned is None:
+            self._record(settled)
             self._offer(slot)
 
     def _offer(self, slot: int) -> None:
@@ -332,8 +360,24 @@ class FeatherRuntime:
         self._step_s += time.perf_counter() - t0
 
     def planned_all_added(self) -> None:
-        """SGLang's adder admitted the plan's last request (`PlannedPasses.all_added`)."""
-        self._planned_step(self.plans.all_added)
+        """SGLang's adder admitted the plan's last request (`PlannedPasses.all_added`); a plan that settled
+        there hands the pass to the step path, whose next pick is offered where the loop reaches next."""
+        t0 = time.perf_counter()
+        try:
+            settled = self.plans.all_added()
+            if settled is not None:
+                self._record(settled)
+                self._offer(self.plans.resume_slot)
+        except Exception:
+            planned = self.plans.planned
+            self._failed("planned admission", planned[-1:] if planned else [])
+        self._step_s += time.perf_counter() - t0
+
+    def planned_room(self, room: Callable[[Any], int | None], adder: Any) -> None:
+        """SGLang's loop reached a planned request: `room(adder)` is its KV room now (`PlannedPasses.room`)."""
+        t0 = time.perf_counter()
+        self.plans.room(room(adder))
+        self._step_s += time.perf_counter() - t0
 
     def planned_refused(self) -> None:
         """SGLang's budget refused the planned request its loop reached (`PlannedPasses.refused`)."""
@@ -350,7 +394,7 @@ class FeatherRuntime:
 
     def _refresh_prefixes(self, waiting_queue: list[Any]) -> None:
         """Touch, in the tree cache's LRU, the cached prefixes Admission names from the queue's head."""
-        for rid in self.admission.prefixes_to_refresh(req.rid for req in waiting_queue):
+        for rid in self.admission.prefixes_to_refresh(map(_RID, waiting_queue)):
             touch_waiting_prefix(self.mirror.request(rid), self.tree_cache)
 
     def _proposal_for(self, req: Any, batch_size: int, headroom: Headroom | None) -> Proposal | None:

@@ -145,15 +145,21 @@ class QueueSlots:
             if num_head == len(queue) or queue[num_head] is not req:
                 break
             num_head += 1
-        # In another order (`Req` compares by identity): every moved request at the head.
-        if num_head < len(moved) and num_head < len(queue) and queue[num_head] in moved:
-            moved_ids = set(map(id, moved))
-            while num_head < len(queue) and id(queue[num_head]) in moved_ids:
-                num_head += 1
-        if not num_head:
-            return
-        head = queue[:num_head]
-        del queue[:num_head]
+        if num_head == len(moved):
+            head = queue[:num_head]
+            del queue[:num_head]
+        else:  # admitted ones left, or in another order, or behind a pick held back where it stood: find them
+            moved_ids = set(map(id, moved))  # `Req` compares by identity
+            head, num_seen = [], 0
+            for req in queue:  # they are near the head: stop once all are found
+                num_seen += 1
+                if id(req) in moved_ids:
+                    head.append(req)
+                    if len(head) == len(moved):
+                        break
+            if not head:
+                return
+            queue[:num_seen] = [req for req in queue[:num_seen] if id(req) not in moved_ids]
         seq = self.mirror.seq
         for req in head:
             slot, num = self.mirror.put_in(req), seq(req)

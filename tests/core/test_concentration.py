@@ -8,6 +8,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from sglang_feather.admission import Admission, AdmissionConfig, KvHeadroom
 from sglang_feather.admission.concentration import PRIVATE_WINDOW, Concentration
+from sglang_feather.admission.demand import WaitingDemand
 from sglang_feather.sim.engine import SimClock
 
 CHUNK = 4
@@ -95,10 +96,9 @@ def test_a_cached_prompt_nothing_else_waiting_shares_is_not_held_back():
     adm.enqueue("a3", GROUP_A + [9] * 8)
     candidate = adm.tree.candidate("turn2")
     assert candidate.depth_cached > candidate.depth_running
-    group = adm.tree.prefix_hash("turn2")
-    assert not Concentration.locks_new_prefix(candidate, adm._counted_footprint(), group, adm.tree)
+    assert not Concentration.locks_new_prefix(candidate, adm.tree)
     adm.enqueue("twin", history + [42] * 4)
-    assert Concentration.locks_new_prefix(candidate, adm._counted_footprint(), group, adm.tree), (
+    assert Concentration.locks_new_prefix(candidate, adm.tree), (
         "another waiting request shares the cached part: admitting one locks it for both"
     )
     adm.abort("twin")
@@ -130,11 +130,7 @@ def test_a_held_request_past_the_bound_waits_while_the_pool_binds_and_a_cold_pro
     assert adm.stats.num_aged == 1
     adm.enqueue("cold", [9] * 64)
     candidate = adm.tree.candidate("cold")
-    group = adm.tree.prefix_hash("cold")
-    footprint = adm._counted_footprint()
-    assert not Concentration.locks_new_prefix(candidate, footprint, group, adm.tree), (
-        "nothing shares its prompt"
-    )
+    assert not Concentration.locks_new_prefix(candidate, adm.tree), "nothing shares its prompt"
 
 
 def test_p_is_the_rooms_drop_per_admission_and_the_promise_what_it_takes_beyond_the_prompt():
@@ -155,10 +151,10 @@ def test_p_is_the_rooms_drop_per_admission_and_the_promise_what_it_takes_beyond_
     assert conc.mean_cost_tokens == 4 + 5, "the window keeps the last PRIVATE_WINDOW measurements"
 
 
-def test_off_holds_nothing_and_keeps_the_planned_pass():
+def test_off_holds_nothing_and_either_way_passes_can_be_planned():
     adm, pool, _ = make(capacity=32 + 8 * 3, concentrate=False)
-    assert adm.concentration is None and adm.can_plan
-    assert make()[0].can_plan is False, "the rule has no planned twin: on, passes go step by step"
+    assert adm.concentration is None and adm.can_plan and adm.num_waiting_running is None
+    assert make()[0].can_plan, "on, a planned pass ends before a pick the rule could hold back"
 
 
 def _chain(adm: Admission, tokens: list[int]):
@@ -210,7 +206,7 @@ PROMPTS = st.builds(
 class ConcentrationMachine(RuleBasedStateMachine):
     """Random arrivals, passes, finishes and evictions through `select` against a `Pool`: every hold the rule
     makes equals the reference model's verdict, nothing is held while nothing of a running group waits (but an
-    early pick), a pass on an empty engine admits something, the footprint equals a recount, and every request
+    early pick), a pass on an empty engine admits something, the running groups' waiting demand equals a recount, and every request
     is admitted at most once and leaves once."""
 
     def __init__(self):
@@ -224,8 +220,8 @@ class ConcentrationMachine(RuleBasedStateMachine):
         conc = self.adm.concentration
         original_holds, original_measured = conc.holds_back, conc._measured
 
-        def holds_back(candidate, footprint, group, room, tree, early=False):
-            verdict = original_holds(candidate, footprint, group, room, tree, early)
+        def holds_back(candidate, num_waiting_running, room, tree, early=False):
+            verdict = original_holds(candidate, num_waiting_running, room, tree, early)
             assert verdict == reference_holds_back(self.adm, self.measured, candidate, room, early)
             self.num_checked += 1
             return verdict
@@ -270,10 +266,12 @@ class ConcentrationMachine(RuleBasedStateMachine):
         self.adm.cache_removed([chain[min(len(chain) - 1, pick % 7)]])
 
     @invariant()
-    def footprint_matches_a_recount(self):
-        tree, fp = self.adm.tree, self.adm.footprint
-        assert dict(fp.waiting) == Counter(tree.prefix_hash(r) for r in tree.waiting_ids())
-        assert dict(fp.running) == Counter(tree.prefix_hash(r) for r in tree.active_ids())
+    def demand_matches_a_recount(self):
+        tree = self.adm.tree
+        running = {tree.prefix_hash(r) for r in tree.active_ids()}
+        waiting = Counter(tree.prefix_hash(r) for r in tree.waiting_ids())
+        assert self.adm.num_waiting_running == sum(n for g, n in waiting.items() if g in running)
+        assert self.adm.num_waiting_running == WaitingDemand.recount(tree).num_waiting_running
 
     @invariant()
     def each_request_admitted_and_left_at_most_once(self):

@@ -169,7 +169,7 @@ class FootprintMachine(RuleBasedStateMachine):
     def activate_with_a_depth_hint(self, pick, hint):
         """The running depth a candidate reports is only a hint to the footprint: a stale one is ignored."""
         waiting = self.ids(RequestState.WAITING)
-        self.adm._activate(waiting[pick % len(waiting)], depth_hint=hint)
+        self.adm._lifecycle.activate(self.adm.tree, waiting[pick % len(waiting)], depth_hint=hint)
 
     @precondition(lambda self: self.adm.num_waiting)
     @rule(pick=st.integers(0, 100), prompt=PROMPTS)
@@ -189,7 +189,7 @@ class FootprintMachine(RuleBasedStateMachine):
     @invariant()
     def footprint_matches_a_recount(self):
         tree, fp = self.adm.tree, self.adm.footprint
-        if self.adm.stopper.blind_decision is not None and self.adm.concentration is None:
+        if self.adm.stopper.blind_decision is not None:
             assert isinstance(fp, NoFootprint)
             return
         active = self.ids(RequestState.ACTIVE)

@@ -6,30 +6,17 @@ import random
 import pytest
 
 from sglang_feather.admission import Admission, AdmissionConfig
-from sglang_feather.cht import ChunkedHashTree, RequestState
-from sglang_feather.policy import AgingGuard, Decision, make_policy
+from sglang_feather.cht import RequestState
+from sglang_feather.policy import Decision
 from sglang_feather.sim.engine import SimClock
 
-PLANNERS = ("from-config", "python")
-"""`from-config`: the admission a config builds on the core that runs (on the compiled core, the compiled planned
-pass and guard, admission/compiled.py); `python`: `Planning` and the Python `AgingGuard` on the same core's tree
-(the reference model; on the compiled core this compares the two planned passes through the step path)."""
 
-
-def make(stopper="always", max_wait_s=300.0, cache_events=True, planner="from-config"):
+def make(stopper="always", max_wait_s=300.0, cache_events=True):
     clock = SimClock()
     config = AdmissionConfig(
         chunk_size=4, stopper=stopper, max_wait_s=max_wait_s, cache_events=cache_events, concentrate=False
     )
-    if planner == "from-config":
-        return Admission.from_config(config, clock=clock)
-    return Admission(
-        ChunkedHashTree(config.chunk_size),
-        make_policy(stopper),
-        AgingGuard(max_wait_s),
-        clock=clock,
-        cache_events=cache_events,
-    )
+    return Admission.from_config(config, clock=clock)
 
 
 def step_by_step(adm: Admission, batch_size: int, limit: int, reaches_refusal: bool) -> list:
@@ -101,12 +88,11 @@ def state(adm: Admission) -> tuple:
     )
 
 
-@pytest.mark.parametrize("planner", PLANNERS)
 @pytest.mark.parametrize("seed", range(12))
-def test_a_planned_pass_admits_and_counts_as_the_step_path(seed, planner):
+def test_a_planned_pass_admits_and_counts_as_the_step_path(seed):
     rng = random.Random(seed)
     max_wait_s = rng.choice((None, 0.4, 1.5, 300.0))
-    steps, plans = make(max_wait_s=max_wait_s), make(max_wait_s=max_wait_s, planner=planner)
+    steps, plans = make(max_wait_s=max_wait_s), make(max_wait_s=max_wait_s)
     assert plans.can_plan
     num_taken = []  # picks the Python plan took in one call of the tree (no due check could touch them)
     take_picks = plans.tree.take_picks
@@ -117,7 +103,6 @@ def test_a_planned_pass_admits_and_counts_as_the_step_path(seed, planner):
         return taken
 
     plans.tree.take_picks = counted_take_picks
-    takes_picks = type(plans).plan_ahead is Admission.plan_ahead  # the compiled plan takes them in core.cpp
     groups = [[g] * rng.choice((8, 16, 24)) for g in range(1, 7)]
     running: list[str] = []
     num_due = num_refused = 0
@@ -158,16 +143,14 @@ def test_a_planned_pass_admits_and_counts_as_the_step_path(seed, planner):
                 for adm in (steps, plans):
                     (adm.retract if retracted else adm.finish)(done)
     assert steps.stats.num_admitted > 40 and steps.stats.num_deferred > 0, "the run admitted and deferred"
-    if takes_picks:
-        assert sum(num_taken) > steps.stats.num_admitted / 3, "most picks came from one call of the tree"
+    assert sum(num_taken) > steps.stats.num_admitted / 3, "most picks came from one call of the tree"
     assert num_refused > 0
     if max_wait_s is not None and max_wait_s < 2:
         assert num_due > 0, "due requests were served"
 
 
-@pytest.mark.parametrize("planner", PLANNERS)
-def test_settle_books_only_what_the_engine_admitted(planner):
-    adm = make(planner=planner)
+def test_settle_books_only_what_the_engine_admitted():
+    adm = make()
     for i in range(4):
         adm.enqueue(f"a{i}", [1] * 8 + [i])
     adm.cache_stored(adm.tree.path_hashes("a0")[:2])
@@ -188,19 +171,15 @@ def test_settle_books_only_what_the_engine_admitted(planner):
     assert adm.settle(0, False) == [], "nothing planned: nothing to settle"
 
 
-@pytest.mark.parametrize("planner", PLANNERS)
-def test_only_a_blind_adding_stopper_without_engine_queries_plans(planner):
-    assert not make(stopper="static", planner=planner).can_plan
-    assert not make(cache_events=False, planner=planner).can_plan, (
-        "the in-flight check would read this pass's admissions"
-    )
+def test_only_a_blind_adding_stopper_without_engine_queries_plans():
+    assert not make(stopper="static").can_plan
+    assert not make(cache_events=False).can_plan, "the in-flight check would read this pass's admissions"
     with pytest.raises(ValueError, match="plan_ahead needs"):
-        make(stopper="static", planner=planner).plan_ahead(0, 1)
+        make(stopper="static").plan_ahead(0, 1)
 
 
-@pytest.mark.parametrize("planner", PLANNERS)
-def test_a_bad_budget_is_refused_before_anything_is_planned(planner):
-    adm = make(planner=planner)
+def test_a_bad_budget_is_refused_before_anything_is_planned():
+    adm = make()
     adm.enqueue("a", [1] * 9)
     adm.begin_pass()
     with pytest.raises(ValueError, match="max_missing must be >= 1"):

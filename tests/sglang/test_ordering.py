@@ -48,6 +48,7 @@ def test_waiting_requests_sharing_the_running_prefix_come_first(plans_ahead):
     ]
     policy = feather_policy(make_cache(), _options())
     policy.feather.plans_ahead = plans_ahead
+    policy.feather.plan_from = 0  # the first pass planned too
     policy.calc_priority(queue, running)
     tree = policy.feather.admission.tree
     # a1 and a2 share the running request's whole 64-token prefix, a-short only its first 32 tokens: the
@@ -191,6 +192,7 @@ def test_picks_are_found_by_rank_through_arrivals_refusals_retractions_and_finis
     options = replace(_options(), self_check_interval_s=1e9)
     harness = AdapterHarness(FEATHER, options=options, allocator_size=4000)
     runtime = harness.runtime
+    runtime.plan_from = 0  # every pass planned, however few the last one admitted
     for i in range(backlog):
         prompt = group_prompt(rng.randrange(6), 256, rng.randint(8, 300), salt=100_000 + i)
         harness.arrive(make_sglang_req(f"b{i}", prompt))

@@ -18,15 +18,22 @@ from sglang_feather.offline.sglang_objects import make_req as make_sglang_req
 from sglang_feather.sglang.metrics import FeatherMetrics
 from sglang_feather.sglang.options import FEATHER, FeatherOptions
 
-OPTIONS = FeatherOptions(AdmissionConfig(chunk_size=16, stopper="always", max_wait_s=2.0, concentrate=False))
-"""Without the concentration rule, which has no planned twin: the planned and step paths are compared."""
+
+def options(concentrate: bool) -> FeatherOptions:
+    return FeatherOptions(
+        AdmissionConfig(chunk_size=16, stopper="always", max_wait_s=2.0, concentrate=concentrate)
+    )
+
+
+OPTIONS = options(concentrate=False)
 GROUPS_SUM = ("sglang:feather_prefix_groups_sum", (("model_name", "tiny"),))
 
 
-def harness(plans_ahead: bool, cached: tuple) -> AdapterHarness:
-    side = AdapterHarness(FEATHER, options=OPTIONS, cached=cached, allocator_size=4_000)
+def harness(plans_ahead: bool, cached: tuple, concentrate: bool = False) -> AdapterHarness:
+    side = AdapterHarness(FEATHER, options=options(concentrate), cached=cached, allocator_size=4_000)
     assert side.runtime.events is not None, "the cache tier is fed from the tree cache's events"
     side.runtime.plans_ahead = plans_ahead
+    side.runtime.plan_from = 0  # every pass planned, however few the last one admitted
     side.runtime.metrics = FeatherMetrics({"model_name": "tiny"}, registry=CollectorRegistry())
     return side
 
@@ -54,15 +61,25 @@ def snapshot(side: AdapterHarness) -> tuple:
         stats,
         (admission.guard.due_wait_s, admission.guard.lead_s),
         type(admission.footprint).__name__,
-        (runtime.num_drift, runtime.num_errors, runtime.num_scans),
+        (runtime.num_drift, runtime.num_errors),
+        admission.num_waiting_running,
+        None
+        if admission.concentration is None
+        else (
+            admission.concentration.mean_cost_tokens,
+            admission.concentration.promise_tokens,
+        ),
     )
 
 
+@pytest.mark.parametrize("concentrate", [False, True], ids=["plain", "concentrate"])
 @pytest.mark.parametrize("seed", range(4))
-def test_the_planned_pass_admits_as_the_step_path(seed):
+def test_the_planned_pass_admits_as_the_step_path(seed, concentrate):
+    """With the concentration rule on, a plan ends before a pick the rule could hold back, SGLang's adder
+    reports its KV room at each planned request, and the rule measures and holds exactly as on the step path."""
     rng = random.Random(seed)
     cached = tuple(group_prompt(g, 256, 0, salt=g) for g in range(2))
-    planned, steps = harness(True, cached), harness(False, cached)
+    planned, steps = harness(True, cached, concentrate), harness(False, cached, concentrate)
     clock = [0.0]
     for side in (planned, steps):
         side.runtime.admission.clock = lambda: clock[0]
@@ -109,12 +126,21 @@ def test_the_planned_pass_admits_as_the_step_path(seed):
             f"step {step}: the planned pass's metrics are the step path's"
         )
         num_aged = planned.runtime.admission.stats.num_aged
-    assert num_admitted > 200 and planned.runtime.admission.stats.num_withdrawn > 5, "SGLang refused picks"
-    assert num_aged > 0, "due requests were served"
-    assert planned.runtime.num_scans == 0 and planned.runtime.num_errors == 0
-    assert planned.runtime.num_misses == 0 and steps.runtime.num_misses == 0, (
-        "picks were where their rank said"
-    )
+    stats = planned.runtime.admission.stats
+    if concentrate:  # the small pool binds: the rule holds new prefixes back and the guard's picks with them
+        assert num_admitted > 100 and stats.num_concentrated > 20, "the rule held picks back"
+        assert planned.runtime.admission.concentration.mean_cost_tokens is not None, (
+            "the rule measured p from the rooms SGLang's adder reported"
+        )
+    else:
+        assert num_admitted > 200 and stats.num_withdrawn > 5, "SGLang refused picks"
+        assert num_aged > 0, "due requests were served"
+    assert planned.runtime.num_errors == 0
+    if not concentrate:  # a held-back pick is passed over where it was moved: later ranks miss (both paths)
+        assert (planned.runtime.num_scans, steps.runtime.num_scans) == (0, 0)
+        assert planned.runtime.num_misses == 0 and steps.runtime.num_misses == 0, (
+            "picks were where their rank said"
+        )
     assert planned.runtime.num_planned_passes == 50 and steps.runtime.num_planned_passes == 0
     planned.close()
     steps.close()

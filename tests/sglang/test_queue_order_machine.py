@@ -36,13 +36,12 @@ class QueueOrderMachine(RuleBasedStateMachine):
         super().__init__()
         self.harness = AdapterHarness(
             FEATHER,
-            options=FeatherOptions(  # the concentration rule has no planned twin: on with the step path
-                AdmissionConfig(chunk_size=CHUNK, stopper="always", concentrate=not self.plans_ahead)
-            ),
+            options=FeatherOptions(AdmissionConfig(chunk_size=CHUNK, stopper="always")),
             allocator_size=3000,
         )
         self.runtime = self.harness.runtime
         self.runtime.plans_ahead = self.plans_ahead
+        self.runtime.plan_from = 0  # every pass planned, however few the last one admitted
         self.num_arrived = 0
         self.passed_over = False
 

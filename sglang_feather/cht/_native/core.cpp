@@ -42,7 +42,6 @@
 #include <utility>
 #include <vector>
 
-#include "guard.h"
 #include "memory.h"
 #include "xxh64.h"
 
@@ -277,136 +276,57 @@ class Core {
     }
 
     // take_picks(max_picks, skip_running_uncached, max_missing, first) -> (candidates, skipped, skip_ends,
-    // is_exhausted): the Python core's loop of best / suspend / activate (tree.py), with no Python
-    // frame per pick; it also ends at the pick whose missing chunks bring the picks' sum to `max_missing`.
-    // `first` (a waiting request id, or None) is taken before the ranking's picks, or suspended alone.
+    // is_exhausted): candidate.py's `take_picks_stepwise` (best / suspend / activate, the Python core's path and
+    // the reference model), with no Python frame per pick; it ends at the pick whose missing chunks bring the
+    // picks' sum to `max_missing`. `first` (a waiting request id, or None) is taken before the ranking's picks,
+    // or suspended alone when its prefix runs uncached.
     nb::tuple take_picks(int64_t max_picks, bool skip_running_uncached, int64_t max_missing, nb::handle first) {
         if (max_picks < 0) throw nb::value_error("max_picks must be >= 0");
         if (max_missing < 1) throw nb::value_error("max_missing must be >= 1");
-        uint32_t head = NIL;
+        nb::list picks, skipped, ends;
+        size_t num_skipped = 0;
+        auto skip = [&](uint32_t h) {
+            checked(suspend(h));
+            skipped.append(nb::borrow(PyList_GET_ITEM(ids_.ptr(), h)));
+            ++num_skipped;
+        };
+        auto take = [&](nb::handle candidate) {
+            picks.append(candidate);
+            ends.append(nb::steal(PyLong_FromSize_t(num_skipped)));
+        };
+        uint32_t last = NIL;
+        int64_t num_missing = 0, i = 0;
         if (!first.is_none()) {
-            head = handle_of(first);
+            uint32_t head = handle_of(first);
             if (reqs_[head].state != WAITING) raise_state(first, head, nullptr);
             if (reqs_[head].suspended) transition(first, ALREADY_SUSPENDED, WAITING);
+            if (max_picks > 0) {
+                int64_t values[NUM_COUNTS];
+                describe_into(head, values);
+                if (skip_running_uncached && runs_uncached(values)) {
+                    skip(head);
+                    return nb::make_tuple(picks, skipped, ends, false);
+                }
+                take(make_candidate(head, values));
+                num_missing = values[1];
+                last = head;
+                i = 1;
+            }
         }
-        PassPlan taken;  // the planned pass's loop (`take_planned`) on a plan of its own
-        take_planned(taken, max_picks, max_missing, head, skip_running_uncached, 0.0);
-        nb::list picks, skipped, ends;
-        for (const PlannedPick& pick : taken.picks) {
-            picks.append(pick.candidate);
-            ends.append(nb::steal(PyLong_FromSize_t(pick.skip_end)));
+        for (; i < max_picks && num_missing < max_missing; ++i) {
+            if (last != NIL) checked(activate(last));
+            best();
+            while (best_handle_ != NIL && skip_running_uncached && runs_uncached(best_values_)) {
+                skip(best_handle_);
+                best();
+            }
+            if (best_handle_ == NIL) return nb::make_tuple(picks, skipped, ends, true);
+            last = best_handle_;
+            take(best_cache_);
+            num_missing += best_values_[1];
         }
-        for (const nb::object& rid : taken.skipped) skipped.append(rid);
-        return nb::make_tuple(picks, skipped, ends, taken.is_exhausted);
+        return nb::make_tuple(picks, skipped, ends, false);
     }
-
-    // ------------------------------------------------------------------ a pass planned ahead
-
-    // The planned pass of admission/plan.py (`Planning.plan_ahead` and `settle`, whose "how it works" this
-    // follows step for step; the Python class is the reference model), for a compiled guard: no Python frame
-    // per pick, due check or booking. `plan_ahead_into` takes up to `max_picks` more picks of the open plan
-    // (opening one for a pass whose first plan call this is), each activated before the next is taken;
-    // `now` is the admission's clock, read once per call. Returns (the new picks, the requests skipped while
-    // taking them).
-    nb::tuple plan_ahead_into(feather::Guard& guard, bool is_aged, int64_t batch_size, int64_t max_picks,
-                              int64_t max_missing, bool skip_running_uncached, double now) {
-        if (max_picks < 0) throw nb::value_error("max_picks must be >= 0");
-        if (max_missing < 1) throw nb::value_error("max_missing must be >= 1");
-        PassPlan& plan = plan_;
-        if (!plan.open) {
-            plan = PassPlan();
-            plan.open = true;
-            plan.is_aged = is_aged;
-            plan.batch_size = batch_size;
-        }
-        size_t first = plan.picks.size(), num_skipped = plan.skipped.size();
-        int64_t missing_left = max_missing;
-        while (static_cast<int64_t>(plan.picks.size() - first) < max_picks && missing_left > 0 && !plan.is_exhausted) {
-            if (plan.num_activated < plan.picks.size()) {
-                checked(activate(plan.picks.back().h));
-                ++plan.num_activated;
-            }
-            size_t mark = plan.picks.size();
-            int64_t num_picks = max_picks - static_cast<int64_t>(mark - first);
-            uint32_t due = NIL;
-            int64_t num_unguarded = unguarded(plan, guard, num_picks, now, due);
-            if (num_unguarded > 0) {
-                take_planned(plan, num_unguarded, missing_left, NIL, skip_running_uncached, now);
-            } else if (due == NIL) {
-                plan.is_exhausted = true;
-            } else {
-                take_planned(plan, num_picks, missing_left, due, skip_running_uncached, now);
-                if (plan.picks.size() == mark)  // the due request's prefix runs uncached: it alone was skipped
-                    take_planned(plan, 1, missing_left, NIL, skip_running_uncached, now);
-            }
-            for (size_t i = mark; i < plan.picks.size(); ++i) missing_left -= plan.picks[i].values[1];
-        }
-        nb::list picks;
-        for (size_t i = first; i < plan.picks.size(); ++i) picks.append(plan.picks[i].candidate);
-        return nb::make_tuple(picks, plan.skipped.size() - num_skipped);
-    }
-
-    // settle_plan(guard, num_admitted, refused) -> (admitted picks, requests resumed, consults, consults that
-    // add a group, sum of deltas, an aged pick was admitted, the reward window rolls, a refused pick was
-    // withdrawn): `Planning.settle` for the compiled guard; the caller adds the counts to its stats.
-    nb::tuple settle_plan(feather::Guard& guard, int64_t num_admitted, bool refused) {
-        size_t num_planned = plan_.open ? plan_.picks.size() : 0;
-        if (num_admitted < 0 || static_cast<size_t>(num_admitted) > num_planned)
-            throw nb::value_error(("settle: " + std::to_string(num_admitted) + " admitted of " +
-                                   std::to_string(num_planned) + " planned picks").c_str());
-        nb::list admitted;
-        if (!plan_.open) return nb::make_tuple(admitted, 0, 0, 0, 0, false, false, false);
-        PassPlan plan = std::move(plan_);
-        plan_ = PassPlan();
-        size_t n = static_cast<size_t>(num_admitted);
-        for (size_t i = plan.num_activated; i > n; --i) transition(plan.picks[i - 1].id, deactivate(handle_of(plan.picks[i - 1].id)), ACTIVE);
-        for (size_t i = plan.num_activated; i < n; ++i) transition(plan.picks[i].id, activate(handle_of(plan.picks[i].id)), WAITING);
-        int64_t num_resumed = 0;
-        if (n < num_planned) {
-            for (size_t i = plan.picks[n].skip_end; i < plan.skipped.size(); ++i, ++num_resumed)
-                transition(plan.skipped[i], resume(handle_of(plan.skipped[i])), WAITING);
-        }
-        // The booking (`Planning._book`): the guard's served waits in runs, consults, deltas.
-        bool aged = plan.aged_index.has_value() && *plan.aged_index < n;
-        std::vector<double> waits(n);
-        for (size_t i = 0; i < n; ++i) waits[i] = plan.picks[i].wait;
-        int64_t num_consults = 0, num_group_consults = 0, sum_delta = 0;
-        bool rolls = false;
-        auto count_decision = [&](const PlannedPick& pick, int64_t batch_size) {  // `_count_consult`
-            if (!pick.is_forced(batch_size)) {
-                ++num_consults;
-                num_group_consults += pick.adds_group();
-            }
-        };
-        if (n > 0) {
-            if (!aged) {
-                guard.served_all(waits.data(), n);
-            } else {
-                size_t a = *plan.aged_index;
-                guard.served_all(waits.data(), a);
-                guard.admitted(waits[a], plan.picks[a].is_stranger());
-                guard.served_all(waits.data() + a, n - a);
-            }
-            rolls = n - aged > 0;
-            for (size_t i = 0; i < n; ++i) {
-                const PlannedPick& pick = plan.picks[i];
-                sum_delta += pick.delta();
-                if (!(aged && i == *plan.aged_index)) count_decision(pick, plan.batch_size + static_cast<int64_t>(i));
-            }
-        }
-        bool withdrawn = refused && n < num_planned;
-        if (withdrawn && plan.aged_index != n) {  // the stopper decided on the refused pick (`_count_decision`)
-            rolls = true;
-            count_decision(plan.picks[n], plan.batch_size + num_admitted);
-        }
-        for (size_t i = 0; i < n; ++i) admitted.append(plan.picks[i].candidate);
-        return nb::make_tuple(admitted, num_resumed, num_consults, num_group_consults, sum_delta, aged, rolls, withdrawn);
-    }
-
-    bool plan_open() const { return plan_.open; }
-    size_t num_planned() const { return plan_.open ? plan_.picks.size() : 0; }
-    // Forget the open plan without undoing it (its requests were all dropped: `forget_all`).
-    void forget_plan() { plan_ = PassPlan(); }
 
     nb::object candidate_of(nb::handle rid) {
         uint32_t h = handle_of(rid);
@@ -1973,131 +1893,14 @@ class Core {
         return reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + slot_offsets_[field]);
     }
 
-    // ------------------------------------------------------------------ a pass planned ahead (state)
-
-    struct PlannedPick {
-        uint32_t h;
-        nb::object id, candidate;
-        int64_t values[NUM_COUNTS];  // `describe_into`'s
-        double wait;
-        size_t skip_end;  // `skipped.size()` once it was taken
-
-        int64_t delta() const { return values[4] - values[5]; }
-        bool adds_group() const { return values[2] == 0; }
-        bool is_stranger() const { return values[2] == 0 && values[3] == 0; }
-        // policy/context.py `is_forced_case`: the stopper had no choice on it.
-        bool is_forced(int64_t batch_size) const { return batch_size == 0 || (!adds_group() && delta() == 0); }
-    };
-
-    struct PassPlan {
-        bool open = false;
-        bool is_aged = false;     // a due request is among the picks or was admitted earlier in the pass
-        bool is_exhausted = false;
-        bool has_copy = false;    // `copy` is the guard as it will be once the picks are admitted
-        int64_t batch_size = 0;
-        size_t num_activated = 0;
-        std::optional<size_t> aged_index;
-        feather::Guard copy{std::nullopt, false};
-        std::vector<PlannedPick> picks;
-        std::vector<nb::object> skipped;
-    };
-
     // `Candidate.runs_uncached` from `describe_into`'s values: running requests hold chunks of its prompt
     // that the cache does not (a prompt held whole counts one chunk less: its last token is always computed).
     static bool runs_uncached(const int64_t* values) { return std::min(values[2], values[0] - 1) > values[3]; }
 
     void checked(int64_t code) const {
-        if (code != OK) throw std::runtime_error("a planned pick changed state outside the plan");
+        if (code != OK) throw std::runtime_error("take_picks: a pick changed state during the call");
     }
 
-    // The guard the next due check reads (`PassPlan.guard_now`): the admission's while nothing is planned,
-    // else the plan's copy, made on first use and fed the waits planned so far.
-    const feather::Guard& guard_now(PassPlan& plan, const feather::Guard& guard) const {
-        if (!plan.has_copy && plan.picks.empty()) return guard;
-        if (!plan.has_copy) {
-            plan.copy = guard;
-            for (const PlannedPick& pick : plan.picks) plan.copy.served_all(&pick.wait, 1);
-            plan.has_copy = true;
-        }
-        return plan.copy;
-    }
-
-    // `Planning._unguarded`: how many of the next picks no due check can touch, else (0) the due request that
-    // goes first in `due` (NIL: nothing waits).
-    int64_t unguarded(PassPlan& plan, const feather::Guard& guard, int64_t limit, double now, uint32_t& due) {
-        due = NIL;
-        if (plan.is_aged) return limit;
-        int64_t oldest = this->oldest();
-        if (oldest < 0) return 0;
-        const feather::Guard& g = guard_now(plan, guard);
-        double oldest_wait = now - reqs_[oldest].arrival;
-        int64_t stranger = oldest_stranger();
-        double stranger_wait = stranger >= 0 ? now - reqs_[stranger].arrival : 0.0;
-        if (g.serves_early() && g.is_starved(oldest_wait)) {  // `Admission._due_request`
-            if (stranger >= 0 && g.is_starved(stranger_wait)) due = static_cast<uint32_t>(stranger);
-            else if (g.reached_bound(oldest_wait)) due = static_cast<uint32_t>(oldest);
-            if (due != NIL) return 0;
-        }
-        if (g.reached_bound(oldest_wait)) return g.num_until_early(limit);  // due once the budget reopens
-        return stranger < 0 ? limit : g.num_not_due(stranger_wait, limit);
-    }
-
-    void add_pick(PassPlan& plan, uint32_t h, nb::object candidate, const int64_t* values, double now) {
-        PlannedPick& pick = plan.picks.emplace_back();
-        pick.h = h;
-        pick.id = nb::borrow(PyList_GET_ITEM(ids_.ptr(), h));
-        pick.candidate = std::move(candidate);
-        std::copy(values, values + NUM_COUNTS, pick.values);
-        pick.wait = now - reqs_[h].arrival;
-        pick.skip_end = plan.skipped.size();
-        if (plan.has_copy) plan.copy.served_all(&pick.wait, 1);
-    }
-
-    void skip_planned(PassPlan& plan, uint32_t h) {
-        checked(suspend(h));
-        plan.skipped.push_back(nb::borrow(PyList_GET_ITEM(ids_.ptr(), h)));
-    }
-
-    // `Planning._take` with `take_picks`' loop: up to `num_picks` picks, the last the one whose missing chunks
-    // bring their sum to `max_missing`; `due` (not NIL) first, or suspended alone if its prefix runs uncached.
-    void take_planned(PassPlan& plan, int64_t num_picks, int64_t max_missing, uint32_t due, bool skip, double now) {
-        uint32_t last = NIL;
-        int64_t num_missing = 0, i = 0;
-        if (due != NIL && num_picks > 0) {
-            int64_t values[NUM_COUNTS];
-            describe_into(due, values);
-            if (skip && runs_uncached(values)) {
-                skip_planned(plan, due);
-                return;
-            }
-            plan.aged_index = plan.picks.size();  // `PassPlan.took_due`: no due check follows in the pass
-            plan.is_aged = true;
-            plan.has_copy = false;
-            add_pick(plan, due, make_candidate(due, values), values, now);
-            num_missing = values[1];
-            last = due;
-            i = 1;
-        }
-        for (; i < num_picks && num_missing < max_missing; ++i) {
-            if (last != NIL) checked(activate(last));
-            best();
-            while (best_handle_ != NIL && skip && runs_uncached(best_values_)) {
-                skip_planned(plan, best_handle_);
-                best();
-            }
-            if (best_handle_ == NIL) {
-                plan.num_activated = plan.picks.size();
-                plan.is_exhausted = true;
-                return;
-            }
-            last = best_handle_;
-            add_pick(plan, last, best_cache_, best_values_, now);
-            num_missing += best_values_[1];
-        }
-        if (last != NIL) plan.num_activated = plan.picks.size() - 1;
-    }
-
-    PassPlan plan_;
     Slab<Node, 14> nodes_;  // 16384 x 128 bytes: one huge page per block
     std::vector<uint32_t> free_nodes_;
     Slab<FirstLevel, 8> levels_;
@@ -2334,7 +2137,6 @@ nb::list chunk_hashes(nb::handle tokens, int64_t chunk_size, uint64_t seed) {
 
 }  // namespace
 
-void bind_guard(nb::module_& m);      // guard.cpp
 
 NB_MODULE(_core, m) {
     if (!little_endian()) throw nb::import_error("the compiled CHT core hashes little-endian words; this machine is not");
@@ -2369,12 +2171,6 @@ NB_MODULE(_core, m) {
         .def("best", &Core::best)
         .def("_take_picks", &Core::take_picks, nb::arg("max_picks"), nb::arg("skip_running_uncached"),
              nb::arg("max_missing"), nb::arg("first").none())
-        .def("_plan_ahead", &Core::plan_ahead_into, "guard"_a, "is_aged"_a, "batch_size"_a, "max_picks"_a,
-             "max_missing"_a, "skip_running_uncached"_a, "now"_a)
-        .def("_settle_plan", &Core::settle_plan, "guard"_a, "num_admitted"_a, "refused"_a)
-        .def_prop_ro("_plan_open", &Core::plan_open)
-        .def_prop_ro("_num_planned", &Core::num_planned)
-        .def("_forget_plan", &Core::forget_plan)
         .def("candidate", &Core::candidate_of, "request_id"_a.none())
         .def("activate", &Core::activate_id, "request_id"_a.none())
         .def("deactivate", &Core::deactivate_id, "request_id"_a.none())
@@ -2412,5 +2208,4 @@ NB_MODULE(_core, m) {
         .def("cache_clear", &Core::cache_clear)
         .def("is_cached", &Core::is_cached_id, "chunk_hash"_a.none())
         .def("_check", &Core::check);
-    bind_guard(m);
 }
