@@ -78,7 +78,8 @@ class PlannedPasses:
     def begin(self, batch_size: int) -> None:
         """Plan this pass's first block."""
         self.num_planned_passes += 1
-        self.planned, self.picks, self.planned_can_run = [], [], None
+        planned: list[Any] = []
+        self.planned, self.picks, self.planned_can_run = planned, [], None
         self._moved_mark = self.slots.num_moved
         self._refused = False
         if self._budget_chunks is None:
@@ -86,16 +87,16 @@ class PlannedPasses:
         else:  # the budget ends the block; twice the last pass's admissions bound it where picks are cheap
             self._block = 2 * (self.last_num_admitted + 1)
         self._block_missing = self._budget_chunks
-        self._plan_block(batch_size)
+        self._plan_block(batch_size, planned)
 
-    def _plan_block(self, batch_size: int) -> None:
-        """Plan the next block and move its requests into the slots SGLang's loop reaches next."""
+    def _plan_block(self, batch_size: int, planned: list[Any]) -> None:
+        """Plan the next block and move its requests into the slots SGLang's loop reaches next (after
+        `planned`, the plan's requests so far)."""
         picks = self.admission.plan_ahead(batch_size, self._block, self._block_missing)
         self._block *= 2
         if self._block_missing is not None:
             self._block_missing *= 2
         self.picks += picks
-        planned = self.planned
         planned += self.slots.place(picks, len(planned))
 
     @property
@@ -110,8 +111,10 @@ class PlannedPasses:
     def all_added(self) -> Settled | None:
         """SGLang's adder admitted the plan's last request: a block twice as long follows (or, with nothing
         left to plan, the plan settles and what the loop reaches next steps)."""
-        self._plan_block(0)
-        if self.num_planned_admitted == len(self.planned):
+        planned = self.planned
+        assert planned is not None, "a plan is open: the adder admitted its last request"
+        self._plan_block(0, planned)
+        if self.num_planned_admitted == len(planned):
             return self.settle()
         return None
 
