@@ -116,7 +116,9 @@ def run_pass(tree: ChunkedHashTree, num_per_pass: int) -> PassResult:
             break
         tree.activate(candidate.request_id)
         activate_s += PERF() - mid
-        picked.append(candidate.request_id)
+        rid = candidate.request_id
+        assert isinstance(rid, int), "the bench's requests are its workload indices"
+        picked.append(rid)
     return PassResult(picked, best_s, activate_s, num_best)
 
 

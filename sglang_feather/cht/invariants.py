@@ -6,6 +6,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
+    from sglang_feather.cht.nodes import PrefixNode
     from sglang_feather.cht.tree import PythonTree
 
 
@@ -33,12 +34,9 @@ def check_tree(tree: PythonTree) -> None:
         _require(req.id == rid, f"request {rid!r} is filed under another id")
         _require(req.state in (RequestState.WAITING, RequestState.ACTIVE), f"request {rid!r} has no state")
         _require((rid in active) == (req.state is RequestState.ACTIVE), f"active map wrong for {rid!r}")
-        parent = tree._trie.root
+        parent: PrefixNode | None = None
         for depth, node in enumerate(req.path, start=1):
-            _require(
-                node.is_alive and node.hash is not None and nodes.get(node.hash) is node,
-                f"dead/unregistered node in {rid!r}",
-            )
+            _require(node.is_alive and nodes.get(node.hash) is node, f"dead/unregistered node in {rid!r}")
             _require(
                 node.parent is parent and node.depth == depth, f"broken chain in {rid!r} at depth {depth}"
             )
@@ -82,11 +80,9 @@ def _check_cache(tree: PythonTree) -> None:
             recount.setdefault(parent, set()).add(chunk_hash)
     _require(recount == children, "the cache tier's child sets disagree with its parents")
     for node in tree._trie.nodes.values():
-        up, node_hash = node.parent, node.hash
-        if up is None or node_hash is None:
-            _fail(f"a node without a parent or a hash at depth {node.depth}")
-        above = up.hash if node.depth > 1 else None
-        expected = cache.get(node_hash, ()) == above and (node.depth == 1 or up.cached)
+        up = node.parent
+        above = None if up is None else up.hash
+        expected = cache.get(node.hash, ()) == above and (up is None or up.cached)
         _require(node.cached == expected, f"cached flag wrong at depth {node.depth}")
 
 
@@ -105,7 +101,6 @@ def _check_bounds(tree: PythonTree) -> None:
     from sglang_feather.cht.nodes import COMPACT_MIN
 
     nodes = tree._trie.nodes
-    _require(not tree._trie.root.candidates, "the root has candidates: strangers are ranked by arrival")
     for node in nodes.values():
         live = node.num_waiting + node.num_active
         _require(len(node.candidates) <= 4 * live + COMPACT_MIN, f"candidate heap unbounded at {node.depth}")
@@ -133,7 +128,7 @@ def _check_lower_bounds(tree: PythonTree) -> None:
 
     entries: dict[tuple[int, int], set[tuple]] = {}
     nodes = tree._trie.nodes
-    for node in [tree._trie.root, *nodes.values()]:
+    for node in nodes.values():
         for entry in node.candidates:
             entries.setdefault((id(node), id(entry[3])), set()).add(entry[:2])
     global_heap, strangers, by_arrival = tree._ranking.heaps()

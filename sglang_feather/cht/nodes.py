@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+from typing import overload
 
 from sglang_feather.types import ChunkHash, RequestId
 
@@ -30,9 +31,10 @@ class PrefixNode:
         "is_alive",
     )
 
-    def __init__(self, chunk_hash: ChunkHash | None, parent: PrefixNode | None, depth: int, serial: int):
+    def __init__(self, chunk_hash: ChunkHash, parent: PrefixNode | None, depth: int, serial: int):
         self.hash = chunk_hash
         self.parent = parent
+        """The node one chunk up; None at the first level (the empty prefix above it is no node)."""
         self.depth = depth
         self.serial = serial
         """Creation order: siblings are visited in this order by `prefix_order` (first seen first)."""
@@ -65,7 +67,8 @@ class TrackedRequest:
         self.path = path
         self.arrival = arrival
         self.seq = seq
-        self.state = RequestState.WAITING
+        self.state: RequestState | None = RequestState.WAITING
+        """None once it has left the tree (its heap entries then read as stale)."""
         self.suspended = False
 
     @property
@@ -78,6 +81,12 @@ _WAITING = RequestState.WAITING
 COMPACT_MIN = 64
 
 
+@overload
+def best_of(entry: tuple) -> tuple: ...
+@overload
+def best_of(entry: None) -> None: ...
+@overload
+def best_of(entry: tuple | None) -> tuple | None: ...
 def best_of(entry: tuple | None) -> tuple | None:
     """A `best` cache value (arrival, seq, request) from a valid candidate entry (arrival, seq, push, item)."""
     if entry is None:

@@ -13,10 +13,9 @@ NOT_CACHED = object()
 
 
 class Trie:
-    """The prefix nodes by chunk hash, under one root: it owns them and their creation order."""
+    """The prefix nodes by chunk hash (first-level nodes have no parent): it owns them and their creation order."""
 
     def __init__(self) -> None:
-        self.root = PrefixNode(None, None, 0, -1)
         self.nodes: dict[ChunkHash, PrefixNode] = {}
         self._num_created = 0
 
@@ -32,7 +31,7 @@ class Trie:
         """
         nodes = self.nodes
         path: list[PrefixNode] = []
-        parent = self.root
+        parent: PrefixNode | None = None
         for chunk_hash in hashes:
             node = nodes.get(chunk_hash)
             if node is None:
@@ -51,12 +50,14 @@ class Trie:
                 "a hash repeats or skips a level within one request: hashes are not cumulative"
             )
         serial = self._num_created
-        is_cached = parent is self.root or parent.cached
+        is_cached = parent is None or parent.cached
+        above = None if parent is None else parent.hash
         for depth, chunk_hash in enumerate(fresh, start=num_existing + 1):
-            is_cached = is_cached and cached.get(chunk_hash, NOT_CACHED) == parent.hash
+            is_cached = is_cached and cached.get(chunk_hash, NOT_CACHED) == above
             parent = nodes[chunk_hash] = PrefixNode(chunk_hash, parent, depth, serial)
             parent.cached = is_cached
             path.append(parent)
+            above = chunk_hash
             serial += 1
         self._num_created = serial
         return path, num_existing
@@ -83,7 +84,8 @@ class Trie:
         node = self.nodes.get(chunk_hash)
         if node is None:
             return False, None
-        return True, node.parent.hash if node.depth > 1 else None
+        parent = node.parent
+        return True, None if parent is None else parent.hash
 
 
 def prefix_order(reqs: list[TrackedRequest]) -> list[RequestId]:

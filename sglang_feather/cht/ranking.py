@@ -87,13 +87,14 @@ class Ranking:
                 node.best = None
                 continue
             best = self._refresh(node)
-            if node.depth == 1:
+            parent = node.parent
+            if parent is None:
                 self._push_stranger(node)
                 continue
             if best is not None:
-                self.push(node.parent, best[:2], node)
-            if node.parent.is_covered:
-                self.push_global(node.parent)
+                self.push(parent, best[:2], node)
+            if parent.is_covered:
+                self.push_global(parent)
 
     def reweigh(self, path: list[PrefixNode]) -> None:
         """The covered nodes of `path` gained a request: their global keys (which count the requests through
@@ -132,11 +133,11 @@ class Ranking:
         key = req.key
         path = req.path
         if num_existing < len(path):
-            best = (*key, req)
+            own_best = (*key, req)
             below: PrefixNode | TrackedRequest = req
             for node in reversed(path[num_existing:]):
                 node.candidates = [(*key, next(self._push_id), below)]
-                node.best = best
+                node.best = own_best
                 below = node
             if num_existing:
                 self.push(path[num_existing - 1], key, below)
@@ -154,10 +155,11 @@ class Ranking:
             if best is not None and best[:2] <= key:
                 return
             node.best = (*key, req)
-            if node.depth == 1:
+            parent = node.parent
+            if parent is None:
                 return
-            self.push(node.parent, key, node)
-            node = node.parent
+            self.push(parent, key, node)
+            node = parent
         self.push_global(node)
 
     @staticmethod
@@ -185,9 +187,11 @@ class Ranking:
         """Entries in the first node's arrival heap (tier 2) and the tree's arrival order (`oldest`)."""
         entry = (req.arrival, req.seq, req)
         first = req.path[0]
-        heapq.heappush(first.arrivals, entry)
-        if len(first.arrivals) > 4 * (first.num_waiting + first.num_active) + COMPACT_MIN:
-            first.arrivals = compacted_arrivals(first.arrivals)
+        arrivals = first.arrivals
+        assert arrivals is not None, "a first-level node holds an arrival heap while it lives"
+        heapq.heappush(arrivals, entry)
+        if len(arrivals) > 4 * (first.num_waiting + first.num_active) + COMPACT_MIN:
+            first.arrivals = compacted_arrivals(arrivals)
         heapq.heappush(self._by_arrival, entry)
         if len(self._by_arrival) > 2 * len(self._requests) + COMPACT_MIN:
             self._by_arrival = compacted_arrivals(self._by_arrival)

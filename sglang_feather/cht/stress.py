@@ -13,6 +13,7 @@ from sglang_feather.cht.hashing import chunk_hashes
 from sglang_feather.cht.nodes import RequestState
 from sglang_feather.cht.reference import ReferenceTree
 from sglang_feather.cht.tree import PythonTree
+from sglang_feather.types import RequestId
 
 if TYPE_CHECKING:
     from sglang_feather.cht.backend import ChunkedHashTree
@@ -41,12 +42,12 @@ def run_stress(
     chunk = 4
     tree, ref = tree_cls(chunk), ReferenceTree()
     groups = [[rng.randrange(50) for _ in range(rng.randrange(4, 40))] for _ in range(6)]
-    waiting: list[int] = []
-    active: list[int] = []
+    waiting: list[RequestId] = []
+    active: list[RequestId] = []
     next_id = num_checks = 0
     start = time.perf_counter()
 
-    def take(pool: list[int]) -> int:
+    def take(pool: list[RequestId]) -> RequestId:
         i = rng.randrange(len(pool))
         pool[i], pool[-1] = pool[-1], pool[i]
         return pool.pop()

@@ -201,7 +201,7 @@ class PythonTree:
         """`best()`'s numbers for a given waiting request (e.g. one the aging guard admits)."""
         req = self._get(request_id)
         if req.state is not _WAITING:
-            raise InvalidTransition(f"request {request_id!r} is {req.state.value}, not waiting")
+            raise InvalidTransition(f"request {request_id!r} is {req.state and req.state.value}, not waiting")
         return self._describe(req)
 
     def oldest(self) -> RequestId | None:
@@ -409,7 +409,7 @@ class PythonTree:
         entered: list[PrefixNode] = []
         for chunk_hash in new:
             node = nodes.get(chunk_hash)
-            if node is not None and (node.depth == 1 or node.parent.cached):
+            if node is not None and (node.parent is None or node.parent.cached):
                 node.cached = True
                 self._best_valid = False
                 if node.num_active == 0:
@@ -455,7 +455,9 @@ class PythonTree:
     def _expect(self, request_id: RequestId, state: RequestState) -> TrackedRequest:
         req = self._get(request_id)
         if req.state is not state:
-            raise InvalidTransition(f"request {request_id!r} is {req.state.value}, expected {state.value}")
+            raise InvalidTransition(
+                f"request {request_id!r} is {req.state and req.state.value}, expected {state.value}"
+            )
         return req
 
     def _describe(self, req: TrackedRequest) -> Candidate:

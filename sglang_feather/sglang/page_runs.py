@@ -228,6 +228,7 @@ class PageRuns:
             span = 1
         lo = run.start + first * size
         hi = run.start + (first + span - 1) * size
+        ends: Iterable[int]
         if chunk % size == 0:
             ends = range(lo - lo % chunk + chunk, hi - hi % chunk + chunk + 1, chunk)
         else:  # pages straddle chunk ends: only the chunks holding a page's first token go

@@ -91,7 +91,8 @@ class PlannedPasses:
         decide) the plan settles at once (returned) and the step path goes on from `slot`."""
         self.num_planned_passes += slot == 0
         self.plan_slot = slot
-        self.planned, self.picks, self.planned_can_run = [], [], None
+        planned: list[Any] = []
+        self.planned, self.picks, self.planned_can_run = planned, [], None
         self._moved_mark = self.slots.num_moved
         self._refused = False
         if self._budget_chunks is None:
@@ -100,19 +101,19 @@ class PlannedPasses:
             self._block = 2 * (self.last_num_admitted + 1)
         self._block_missing = self._budget_chunks
         self.planned_rooms = [] if self.admission.concentration is not None else None
-        self._plan_block(batch_size)
-        if not self.planned:
+        self._plan_block(batch_size, planned)
+        if not planned:
             return self.settle()
         return None
 
-    def _plan_block(self, batch_size: int) -> None:
-        """Plan the next block and move its requests into the slots SGLang's loop reaches next."""
+    def _plan_block(self, batch_size: int, planned: list[Any]) -> None:
+        """Plan the next block and move its requests into the slots SGLang's loop reaches next (after
+        `planned`, the plan's requests so far)."""
         picks = self.admission.plan_ahead(batch_size, self._block, self._block_missing)
         self._block *= 2
         if self._block_missing is not None:
             self._block_missing *= 2
         self.picks += picks
-        planned = self.planned
         planned += self.slots.place(picks, self.plan_slot + len(planned))
 
     @property
@@ -127,9 +128,11 @@ class PlannedPasses:
     def all_added(self) -> Settled | None:
         """SGLang's adder admitted the plan's last request: a block twice as long follows (or, with nothing
         left to plan, the plan settles and the step path goes on from `resume_slot`)."""
-        num_placed = len(self.planned)
-        self._plan_block(0)
-        if self.num_planned_admitted == len(self.planned):
+        planned = self.planned
+        assert planned is not None, "a plan is open: the adder admitted its last request"
+        num_placed = len(planned)
+        self._plan_block(0, planned)
+        if self.num_planned_admitted == len(planned):
             self.resume_slot = self.plan_slot + num_placed  # the step path's next pick, if the plan ended early
             return self.settle()
         return None

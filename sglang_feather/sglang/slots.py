@@ -118,10 +118,10 @@ class QueueSlots:
             self.moved += reqs
             self.mirror.forget_order()
             return reqs
-        reqs = self.mirror.take_out_block(queue, slot, rids)
-        if reqs is not None:
-            self.moved += reqs
-            return reqs
+        block = self.mirror.take_out_block(queue, slot, rids)
+        if block is not None:
+            self.moved += block
+            return block
         reqs = self.mirror.requests(map(_REQUEST_ID, picks))  # the block could not move: one at a time
         take_out, moved = self.mirror.take_out, self.moved
         for req in reqs:

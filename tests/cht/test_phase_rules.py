@@ -359,7 +359,7 @@ MUTATIONS = {
         [(0, 0.0, 0, i, t._requests["run"]) for i in range(200)]
     ),
     "unbounded global heap": lambda t: _global(t).extend([(9, 9.0, 9, i, _node(t, 1)) for i in range(200)]),
-    "root given candidates": lambda t: t._trie.root.candidates.append((1, 0.0, 0, 0, t._requests["s1"])),
+    "first-level node given a parent": lambda t: setattr(_node(t, 20), "parent", _node(t, 1)),
     "count off": lambda t: setattr(_node(t, 2), "num_waiting", 5),
 }
 

@@ -2153,7 +2153,9 @@ NB_MODULE(_core, m) {
     m.def("read_words", &read_words, "buffer"_a);
     // Public names are the tree's own API (request ids); names with a leading underscore take the u32 handles
     // the Python subclass (native.NativeTree) maps ids to. Every argument accepts None, as the Python core's do
-    // (None is a request id like any hashable; None as hashes is refused as a malformed list).
+    // (None is a request id like any hashable; None as hashes is refused as a malformed list). `nb::sig` names
+    // the Python types of what a method returns where nanobind cannot see them (the bound `Candidate` class,
+    // `ChunkHash`), for the stub the type check generates (scripts/typecheck.sh).
     nb::class_<Core>(m, "Core")
         .def(nb::init<int64_t>())
         .def_prop_ro("_num_requests", &Core::num_requests)
@@ -2168,10 +2170,11 @@ NB_MODULE(_core, m) {
         .def_prop_ro("num_index_entries", &Core::num_index_entries)
         .def_prop_ro("shared_depth", &Core::shared_depth)
         .def("_bind", &Core::bind)
-        .def("best", &Core::best)
+        .def("best", &Core::best, nb::sig("def best(self) -> sglang_feather.cht.candidate.Candidate | None"))
         .def("_take_picks", &Core::take_picks, nb::arg("max_picks"), nb::arg("skip_running_uncached"),
              nb::arg("max_missing"), nb::arg("first").none())
-        .def("candidate", &Core::candidate_of, "request_id"_a.none())
+        .def("candidate", &Core::candidate_of, "request_id"_a.none(),
+             nb::sig("def candidate(self, request_id: object | None) -> sglang_feather.cht.candidate.Candidate"))
         .def("activate", &Core::activate_id, "request_id"_a.none())
         .def("deactivate", &Core::deactivate_id, "request_id"_a.none())
         .def("finish", &Core::finish_id, "request_id"_a.none())
@@ -2183,8 +2186,10 @@ NB_MODULE(_core, m) {
         .def("_state", &Core::state)
         .def("_is_suspended", &Core::is_suspended)
         .def("_num_chunks", &Core::num_chunks)
-        .def("_path_hashes", &Core::path_hashes)
-        .def("_prefix_hash", &Core::prefix_hash)
+        .def("_path_hashes", &Core::path_hashes,
+             nb::sig("def _path_hashes(self, handle: int, /) -> list[sglang_feather.types.ChunkHash]"))
+        .def("_prefix_hash", &Core::prefix_hash,
+             nb::sig("def _prefix_hash(self, handle: int, depth: int, /) -> sglang_feather.types.ChunkHash"))
         .def("_arrival", &Core::arrival)
         .def("_num_missing", &Core::num_missing)
         .def("_num_holding", &Core::num_holding)
