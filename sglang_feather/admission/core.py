@@ -19,7 +19,7 @@ from sglang_feather.admission.plan import Planner
 from sglang_feather.admission.refresh import prefixes_to_refresh
 from sglang_feather.admission.results import AdmissionPlan, AdmissionStats, Pick, Proposal, StopReason
 from sglang_feather.admission.rewards import RewardWindow
-from sglang_feather.cht import Candidate, ChunkedHashTree, RequestState
+from sglang_feather.cht import Candidate, ChunkedHashTree, RequestState, new_tree
 from sglang_feather.policy import AgingGuard, make_policy
 from sglang_feather.policy.base import Decision, DecisionRecord, StoppingPolicy
 from sglang_feather.policy.context import is_forced_case
@@ -110,7 +110,7 @@ class Admission:
     def from_config(cls, config: AdmissionConfig, clock: Callable[[], float] = time.monotonic) -> Admission:
         """The admission `config` describes, with its collaborators."""
         return cls(
-            ChunkedHashTree(config.chunk_size),
+            new_tree(config.chunk_size),
             make_policy(config.stopper, seed=config.seed, **config.stopper_options),
             AgingGuard(config.max_wait_s, when_overtaken=config.due_when_overtaken),
             in_flight=InFlightCheck(
@@ -196,6 +196,7 @@ class Admission:
         nothing (not skipped) waits."""
         tree = self.tree
         due = due_request(tree, self.guard, self.clock(), self._aged_this_pass or self._guard_held)
+        candidate: Candidate | None
         if due is not None:
             candidate = tree.candidate(due)
             if not self._in_flight.is_in_flight(tree, candidate, cached_tokens):
@@ -246,7 +247,12 @@ class Admission:
         if pick.is_deferred or (self._groups_closed and candidate.adds_group):
             return Proposal(candidate, observation, Decision.STOP, is_aged=False, is_deferred=True)
         self._count_decision(candidate, batch_size)
-        decision = blind if observation is None else self._stopper.decide(observation)
+        if observation is None:  # a blind stopper (`blind_decision`): no observation was built
+            if blind is None:
+                raise AssertionError("a stopper that looks was given no observation")
+            decision = blind
+        else:
+            decision = self._stopper.decide(observation)
         return Proposal(candidate, observation, decision, is_aged=False)
 
     def _concentrates(self, pick: Pick, headroom: Headroom | None) -> bool:
@@ -262,7 +268,10 @@ class Admission:
             return False
         if self._prefixes_closed:
             return rule.locks_new_prefix(pick.candidate, self.tree)
-        num_waiting_running = self._lifecycle.demand.num_waiting_running  # kept while the rule is on
+        demand = self._lifecycle.demand  # kept while the rule is on
+        if demand is None:
+            raise AssertionError("the concentration rule is on but the waiting demand is not kept")
+        num_waiting_running = demand.num_waiting_running
         return rule.holds_back(pick.candidate, num_waiting_running, room, self.tree, early=pick.is_aged)
 
     def _closed_to(self, candidate: Candidate) -> bool:
@@ -295,9 +304,9 @@ class Admission:
             self._decided_this_pass = True
             self._window.roll()
 
-    def skip(self, proposal: Proposal | Pick) -> None:
+    def skip(self, item: Proposal | Pick | Candidate) -> None:
         """Pass over a request (deferred, or one the engine's loop passed over) until the pass ends."""
-        self._skip(proposal.request_id)
+        self._skip(item.request_id)
 
     def _skip(self, request_id: RequestId) -> None:
         self.tree.suspend(request_id)
@@ -508,7 +517,7 @@ class Admission:
                 tree.discard(rid)
         except Exception:
             logger.exception("Feather could not empty its tree; starting a new one without the cache tier")
-            self.tree = ChunkedHashTree(tree.chunk_size)
+            self.tree = new_tree(tree.chunk_size)
         self._planner.forget()
         self._lifecycle.reset()
         self._in_flight.reset()

@@ -53,12 +53,12 @@ class Lifecycle:
         arrival: float,
     ) -> int:
         """A request starts waiting (token ids or the engine's hashes, exactly one); returns its chunks."""
-        if (token_ids is None) == (hashes is None):
-            raise ValueError("give exactly one of token_ids and hashes")
-        if hashes is None:
+        if token_ids is not None and hashes is None:
             num_chunks = tree.insert(request_id, token_ids, namespace=namespace, arrival=arrival)
-        else:
+        elif hashes is not None and token_ids is None:
             num_chunks = tree.insert_hashes(request_id, hashes, arrival=arrival)
+        else:
+            raise ValueError("give exactly one of token_ids and hashes")
         self._waits(tree, request_id)
         return num_chunks
 

@@ -133,7 +133,9 @@ class PlannedPasses:
         num_placed = len(planned)
         self._plan_block(0, planned)
         if self.num_planned_admitted == len(planned):
-            self.resume_slot = self.plan_slot + num_placed  # the step path's next pick, if the plan ended early
+            self.resume_slot = (
+                self.plan_slot + num_placed
+            )  # the step path's next pick, if the plan ended early
             return self.settle()
         return None
 
