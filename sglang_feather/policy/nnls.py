@@ -174,4 +174,4 @@ def _is_optimal(a: np.ndarray, b: np.ndarray, theta: np.ndarray, support: tuple[
 
 
 def _is_number(value: object) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
