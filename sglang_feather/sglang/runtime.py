@@ -360,18 +360,16 @@ class FeatherRuntime:
         self._step_s += time.perf_counter() - t0
 
     def planned_all_added(self) -> None:
-        """SGLang's adder admitted the plan's last request (`PlannedPasses.all_added`); a plan that settled
-        there hands the pass to the step path, whose next pick is offered where the loop reaches next."""
-        t0 = time.perf_counter()
-        try:
-            settled = self.plans.all_added()
-            if settled is not None:
-                self._record(settled)
-                self._offer(self.plans.resume_slot)
-        except Exception:
-            planned = self.plans.planned
-            self._failed("planned admission", planned[-1:] if planned else [])
-        self._step_s += time.perf_counter() - t0
+        """SGLang's adder admitted the plan's last request (`PlannedPasses.all_added`)."""
+        self._planned_step(self._all_added)
+
+    def _all_added(self) -> Settled | None:
+        """A plan that settled there hands the pass to the step path, whose next pick is offered where the
+        loop reaches next."""
+        settled = self.plans.all_added()
+        if settled is not None:
+            self._offer(self.plans.resume_slot)
+        return settled
 
     def planned_room(self, room: Callable[[Any], int | None], adder: Any) -> None:
         """SGLang's loop reached a planned request: `room(adder)` is its KV room now (`PlannedPasses.room`)."""
