@@ -81,28 +81,27 @@ def build_batch(
     max_tail: int = 64,
     dtype: torch.dtype = torch.float32,
 ) -> Batch:
-    """Lay the families out: each prefix's pages once (a prefix that ends mid-page shares only its whole
-    pages, as the radix cache does), each request's tail on fresh pages, requests interleaved in batch order,
-    at shuffled `req_to_token` rows whose entries past `seq_len` are stale copies of other rows."""
+    """Lay the families out as the radix cache does: a family's requests share the whole pages of their
+    prefix (a prefix that ends mid-page shares only its whole pages; the rest is each request's own), each
+    request's own tokens on fresh pages from a page boundary, so every page's slots are contiguous in position
+    order; requests interleaved in batch order, at shuffled `req_to_token` rows whose entries past `seq_len`
+    are stale copies of other rows."""
     rng = random.Random(seed)
-    prefixes: list[list[int]] = []
+    prefixes: list[tuple[list[int], int]] = []  # (shared slots, whole pages; own tokens before the tail)
     allocator = PageAllocator(NUM_SLOTS // page_size, page_size, rng)
 
-    def walk(family: Family, above: list[int]) -> None:
-        shared = family.num_tokens // page_size * page_size
-        own = allocator.take(family.num_tokens)
-        tokens = above + own[:shared] if shared else above
-        # The part of the prefix past its last whole page is each request's own copy.
-        rest = family.num_tokens - shared
+    def walk(family: Family, above: list[int], num_above: int) -> None:
+        num_tokens = num_above + family.num_tokens
+        shared = above + allocator.take(max(0, num_tokens // page_size * page_size - len(above)))
         for _ in range(family.num_requests):
-            prefixes.append(tokens + allocator.take(rest) if rest else list(tokens))
+            prefixes.append((shared, num_tokens - len(shared)))
         for child in family.children:
-            walk(child, tokens + (allocator.take(rest) if rest else []))
+            walk(child, shared, num_tokens)
 
     for root in roots:
-        walk(root, [])
+        walk(root, [], 0)
     rng.shuffle(prefixes)
-    rows = [prefix + allocator.take(rng.randint(1, max_tail)) for prefix in prefixes]
+    rows = [shared + allocator.take(own + rng.randint(1, max_tail)) for shared, own in prefixes]
     num_requests = len(rows)
     max_len = max(len(r) for r in rows) + 64
     req_to_token_pool = ReqToTokenPool(num_requests + 8, max_len, "cpu", False)

@@ -105,10 +105,18 @@ def test_the_checker_catches_a_segmentation_that_shares_too_much_or_too_little()
 
 
 def test_a_partial_page_is_not_shared():
-    rows = torch.tensor([list(range(20)), list(range(18)) + [90, 91]], dtype=torch.int32)
-    segments = find_segments(rows, [20, 20], page_size=16)
+    # Both hold page 1 (slots 16-31), the second only up to its length of 18: its first two slots are read by
+    # both, yet only the whole page 0 is shared.
+    rows = torch.tensor([list(range(20)), list(range(18)) + [0, 0]], dtype=torch.int32)
+    segments = find_segments(rows, [20, 18], page_size=16)
     check_segments(segments, rows, 16)
     assert [s.num_tokens for s in segments.spans if s.is_shared] == [16]
+
+
+def test_the_checker_refuses_rows_that_are_not_whole_pages():
+    rows = torch.tensor([list(range(16)) + [40, 41, 90, 91]], dtype=torch.int32)  # page 2 ends in a stranger
+    with pytest.raises(AssertionError, match="not whole pages"):
+        check_segments(find_segments(rows, [20], page_size=16), rows, 16)
 
 
 def test_bad_input_is_refused_with_a_clear_error():

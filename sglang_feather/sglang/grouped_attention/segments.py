@@ -110,7 +110,7 @@ def find_segments(rows: torch.Tensor, seq_lens: list[int], page_size: int = 1) -
     slots, so the `req_to_token` rows of a decode batch form a trie: requests whose rows agree on their first
     L entries share L tokens of KV. The trie is built top-down. A set of requests starting at position `start`
     is split by the slot each holds there; a subset of two or more extends its shared span as far as all its
-    rows agree, compared only up to its shortest member's `seq_len` (entries past it can be stale after a
+    rows agree (compared page by page: SGLang's paged allocator keeps each page's slots contiguous), compared only up to its shortest member's `seq_len` (entries past it can be stale after a
     retraction) and rounded down to a page boundary (the radix cache shares whole pages). That span becomes a
     *shared segment*, read once for all of its members' queries, and the subset recurses from its end, so a
     system prompt and a document under it are two nested segments (a subset that shares less than a page
@@ -134,7 +134,7 @@ def find_segments(rows: torch.Tensor, seq_lens: list[int], page_size: int = 1) -
     while stack:
         members, start = stack.pop()
         limit = int(lens[members].min())
-        common = _common_end(table, members, start, limit)
+        common = _common_end(table, members, start, limit, page_size)
         end = max(start, common // page_size * page_size)
         if end > start:
             shared.append(Span(int(members[0]), start, end, tuple(members.tolist())))
@@ -150,13 +150,16 @@ def find_segments(rows: torch.Tensor, seq_lens: list[int], page_size: int = 1) -
 
 
 def _split_by(keys: np.ndarray, members: np.ndarray) -> list[np.ndarray]:
-    """The parts of two or more members that share a key (members keep their order within a part)."""
+    """The parts of two or more members that share a key (members keep their order within a part). Parts of
+    one, the common case below a shared span (every request's tail parts alone), are never materialised."""
     if members.size < 2:
         return []
     order = np.argsort(keys, kind="stable")
     sorted_keys = keys[order]
-    cuts = np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1
-    return [members[part] for part in np.split(order, cuts) if part.size > 1]
+    bounds = np.flatnonzero(np.diff(sorted_keys, prepend=sorted_keys[0] - 1, append=sorted_keys[-1] - 1))
+    starts, ends = bounds[:-1], bounds[1:]
+    wide = np.flatnonzero(ends - starts > 1)
+    return [members[order[starts[i] : ends[i]]] for i in wide.tolist()]
 
 
 def host_rows(rows: torch.Tensor) -> np.ndarray:
@@ -165,15 +168,17 @@ def host_rows(rows: torch.Tensor) -> np.ndarray:
     return rows.cpu().numpy()
 
 
-def _common_end(table: np.ndarray, members: np.ndarray, start: int, limit: int) -> int:
-    """Where the members' rows stop agreeing, from `start` and at most `limit`."""
+def _common_end(table: np.ndarray, members: np.ndarray, start: int, limit: int, page_size: int) -> int:
+    """Where the members' rows stop agreeing, from `start` (a page boundary) and at most `limit`. Only each
+    page's first slot is compared: SGLang's paged allocator keeps a page's slots contiguous and in position
+    order, so rows holding the same slot where a page begins hold that whole page."""
     if limit <= start:
         return start
     first, last = int(members[0]), int(members[-1])
     rows = slice(first, last + 1) if last - first == members.size - 1 else members  # a run: a view
-    block = table[rows, start:limit]
+    block = table[rows, start:limit:page_size]
     differs = np.flatnonzero((block != block[0]).any(axis=0))
-    return limit if differs.size == 0 else start + int(differs[0])
+    return limit if differs.size == 0 else start + int(differs[0]) * page_size
 
 
 def private_segments(seq_lens: list[int]) -> BatchSegments:
@@ -189,12 +194,26 @@ def shared_prefix_len(rows: torch.Tensor, seq_lens: list[int], i: int, j: int, p
     return common // page_size * page_size
 
 
+def check_paged_layout(rows: torch.Tensor, seq_lens: list[int], page_size: int) -> None:
+    """The layout `find_segments` compares page by page: each request's positions `[k * page_size, (k + 1) *
+    page_size)` below its `seq_len` hold one page's slots, contiguous and in position order."""
+    for i, seq_len in enumerate(seq_lens):
+        row = rows[i, :seq_len].long()
+        offsets = torch.arange(seq_len) % page_size
+        page_starts = row - offsets
+        if bool((page_starts % page_size != 0).any()) or bool(
+            (page_starts != page_starts[offsets == 0].repeat_interleave(page_size)[:seq_len]).any()
+        ):
+            raise AssertionError(f"request {i}: its KV slots are not whole pages of {page_size} in order")
+
+
 def check_segments(segments: BatchSegments, rows: torch.Tensor, page_size: int) -> None:
     """Invariant checker against the pairwise reference: each request's spans tile `[0, seq_len)` in order,
     read its own slots, and at every position are shared with exactly the requests whose rows agree with it up
     to there (page-aligned): each shared token is read once, and nothing is shared that is not. O(B^2 L)."""
     seq_lens = segments.seq_lens.tolist()
     num_requests = len(seq_lens)
+    check_paged_layout(rows, seq_lens, page_size)
     covered = [0] * num_requests
     spans_of: list[list[Span]] = [[] for _ in range(num_requests)]
     for span in segments.spans:
