@@ -277,7 +277,7 @@ def methods_for(shape: HeadShape, work: Workload, q, k, v) -> tuple[dict[str, Me
                 rows = work.req_to_token.index_select(0, work.req_pool_indices)[:, : max(seq_lens)]
                 segments = private_segments(seq_lens)
             found[name] = segments
-            return DecodePlan.build(segments, rows, shape.k_bytes_per_token)
+            return DecodePlan.build(segments, rows, shape.k_bytes_per_token, PAGE_SIZE)
 
         return prepare
 

@@ -41,7 +41,7 @@ batches = st.fixed_dictionaries(
 
 def _grouped(batch, q, scaling, segments: BatchSegments):
     k, v = batch.kv_pool.get_key_buffer(0), batch.kv_pool.get_value_buffer(0)
-    plan = DecodePlan.build(segments, batch.rows, k[0].numel() * k.element_size())
+    plan = DecodePlan.build(segments, batch.rows, k[0].numel() * k.element_size(), batch.page_size)
     return grouped_decode(q, k, v, plan, scaling)
 
 

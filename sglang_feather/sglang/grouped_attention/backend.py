@@ -56,7 +56,7 @@ class GroupedDecodeAttnBackend(TorchNativeAttnBackend):
         segments, rows = self.observer.observe(
             self.req_pool.req_to_token, forward_batch.req_pool_indices, seq_lens
         )
-        self.plan = DecodePlan.build(segments, rows, self.kv_bytes_per_token)
+        self.plan = DecodePlan.build(segments, rows, self.kv_bytes_per_token, self.observer.page_size)
 
     def forward_decode(
         self,
