@@ -258,7 +258,7 @@ def prompt_read_s(workload: Workload, cfg: TimingConfig) -> float | None:
     prefetched like its hash loop), in arrival order and under the cache state the whole runs leave: the
     memory traffic any core's inserts of this queue pay at least. None when the compiled core is not built."""
     try:
-        from sglang_feather.cht._native._core import read_words
+        from sglang_feather.cht._native._tree import read_words
     except ImportError:
         return None
 

@@ -1,4 +1,4 @@
-"""`PythonTree`'s API on the compiled core (sglang_feather/cht/_native/core.cpp); import fails if it is not built."""
+"""`PythonTree`'s API on the compiled core (sglang_feather/cht/_native/tree.cpp); import fails if it is not built."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from sglang_feather.cht._native import _core
+from sglang_feather.cht._native import _tree
 from sglang_feather.cht.candidate import TakenPicks, checked_picks
 from sglang_feather.cht.checks import (
     check_depth,
@@ -30,7 +30,7 @@ from sglang_feather.cht.tree import Candidate
 from sglang_feather.types import ChunkHash, RequestId
 
 # How it works. The C++ core numbers requests with u32 handles (reused after a request leaves). `NativeTree`
-# subclasses the compiled `Core`, so every mutation (insert, insert_hashes, best, activate, finish,
+# subclasses the compiled `Tree`, so every mutation (insert, insert_hashes, best, activate, finish,
 # deactivate, remove, suspend, resume) and `candidate` are the core's own methods, with no Python frame: the
 # core holds this wrapper's request id -> handle dict and handle -> request id list, builds the `Candidate`,
 # keeps the one-slot `best()` cache and raises the same exceptions as the Python core (every check happens
@@ -44,7 +44,7 @@ _STATES = (None, RequestState.WAITING, RequestState.ACTIVE)
 _BUFFERS = (np.ndarray, array)
 
 
-class NativeTree(_core.Core):
+class NativeTree(_tree.Tree):
     """The compiled Chunked Hash Tree; same methods, results and errors as `PythonTree`."""
 
     core = "native"
@@ -154,7 +154,7 @@ class NativeTree(_core.Core):
     # ----------------------------------------------------------------- invariants
 
     def check_invariants(self) -> None:
-        """The core's own recount (core.cpp `check`) plus the id mapping kept here."""
+        """The core's own recount (tree.cpp `check`) plus the id mapping kept here."""
         from sglang_feather.cht.invariants import InvariantError
 
         problem = self._check()

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-HIDE_EXTENSION = "import sys; sys.modules['sglang_feather.cht._native._core'] = None\n"
+HIDE_EXTENSION = "import sys; sys.modules['sglang_feather.cht._native._tree'] = None\n"
 REPORT = "import sglang_feather.cht as c; print(c.backend_name(), c.ChunkedHashTree.__name__)"
 
 

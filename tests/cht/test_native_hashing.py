@@ -17,9 +17,9 @@ from sglang_feather.cht import (
 
 @pytest.fixture
 def core(native_cls):
-    from sglang_feather.cht._native import _core
+    from sglang_feather.cht._native import _tree
 
-    return _core
+    return _tree
 
 
 @pytest.mark.parametrize("num_tokens", [1, 3, 7, 8, 31, 32, 33, 64, 100, 1000, 10240])

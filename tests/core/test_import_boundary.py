@@ -333,7 +333,7 @@ def test_importing_reaches_an_engine_only_inside_a_function(start):
 
 
 def is_submodule(package: str, name: str) -> bool:
-    """A Python submodule, or a compiled extension (`_core`) built from the C++ sources in the package."""
+    """A Python submodule, or a compiled extension (`_tree`) built from the C++ sources in the package."""
     directory = MODULES[package].parent
     compiled = name.startswith("_") and any(directory.glob("*.cpp"))
     return f"{package}.{name}" in MODULES or (MODULES[package].name == "__init__.py" and compiled)
