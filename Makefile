@@ -24,7 +24,7 @@ STRESS_OPS ?= 1000000
 PYTEST_ARGS ?=
 DEMO_ARGS  ?=
 
-.PHONY: setup setup-sglang setup-vllm setup-vllm033 setup-vllm034 model test test-fast test-python-core test-core test-vllm test-vllm033 lint lint-venv ruff typecheck bench stress demo demo-kv-pressure demo-cluster sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
+.PHONY: setup setup-sglang setup-vllm setup-vllm033 setup-vllm034 model test test-fast test-python-tree test-sglang-venv test-vllm test-vllm033 lint lint-venv ruff typecheck bench stress demo demo-kv-pressure demo-cluster sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
 
 setup: setup-sglang setup-vllm setup-vllm034 model
 
@@ -60,14 +60,14 @@ $(TINY_MODEL)/config.json: scripts/make_tiny_model.py | $(VENV)/.feather-setup
 # with. CI covers 0.32 and 0.34, the oldest and the newest supported vLLM; 0.33 left it to keep CI's time.
 # Four lanes side by side (scripts/parallel.sh prints each lane's wall and CPU seconds): the SGLang venv's
 # server tests two at a time (a module's tests, which share its servers, together), its other tests on 2
-# workers, the two vLLM venvs, and the Python-core leg. Most of a server test is start-up and waiting on
+# workers, the two vLLM venvs, and the Python-tree leg. Most of a server test is start-up and waiting on
 # HTTP, so the lanes fill each other's idle time on 2 cores.
 test: setup
 	bash scripts/parallel.sh \
 		'$(PY) -m pytest tests --ignore=tests/vllm -m server -n 2 --dist loadfile $(PYTEST_ARGS)' \
 		'$(PY) -m pytest tests --ignore=tests/vllm -m "not server" -n 2 $(PYTEST_ARGS)' \
 		'$(MAKE) --no-print-directory test-vllm' \
-		'$(MAKE) --no-print-directory test-python-core'
+		'$(MAKE) --no-print-directory test-python-tree'
 
 # The admission and SGLang-object suites once more on the pure-Python CHT core (what a failed build of the
 # compiled one installs), on 2 workers. tests/cht runs both cores already (each against the reference model);
@@ -78,7 +78,7 @@ test: setup
 # SGLang's caches with the cache tier, which tests/cht holds to one reference on both cores; the grouped
 # attention backend (tests/sglang/test_grouped_*.py) uses no CHT. tests/sglang last: its modules import its
 # conftest by name, which must be the last initial conftest pytest loads.
-test-python-core: setup-sglang
+test-python-tree: setup-sglang
 	SGLANG_FEATHER_CHT=python $(PY) -m pytest tests/core tests/sglang -m "not server" -n 2 \
 		--ignore=tests/sglang/test_patches.py --ignore=tests/sglang/test_soak.py \
 		--ignore=tests/core/test_page_runs.py --ignore=tests/sglang/test_cache_events.py \
@@ -94,7 +94,8 @@ test-fast: setup
 		'FEATHER_EXPECT_VLLM=0.32.0 $(PY_VLLM) -m pytest tests/vllm -m "not server and not slow" $(PYTEST_ARGS)' \
 		'FEATHER_EXPECT_VLLM=0.34.0 $(PY_VLLM034) -m pytest tests/vllm -m "not server and not slow" $(PYTEST_ARGS)'
 
-test-core: setup-sglang
+# Every test the SGLang venv runs, the end-to-end servers aside.
+test-sglang-venv: setup-sglang
 	$(PY) -m pytest tests --ignore=tests/vllm --ignore=tests/e2e $(PYTEST_ARGS)
 
 test-vllm: setup-vllm setup-vllm034 model
@@ -128,7 +129,7 @@ bench: setup-sglang
 	$(PY) -m sglang_feather.bench overhead --json results/overhead.json
 
 stress: setup-sglang
-	$(PY) -m sglang_feather.cht.stress --ops $(STRESS_OPS) --seed 0 --core both
+	$(PY) -m sglang_feather.cht.stress --ops $(STRESS_OPS) --seed 0 --backend both
 
 # e.g. make demo DEMO_ARGS='--repeat 5 --server-args=--disable-overlap-schedule'
 demo: setup-sglang model

@@ -24,8 +24,8 @@ from sglang_feather.types import ChunkHash
 PERF = time.perf_counter
 
 
-def cores() -> dict[str, Callable[[int], ChunkedHashTree]]:
-    """The CHT cores to measure side by side (a new tree of a chunk size on each): the Python one, and the
+def backends() -> dict[str, Callable[[int], ChunkedHashTree]]:
+    """The CHT backends to measure side by side (a new tree of a chunk size on each): the Python tree, and the
     compiled one when it is built."""
     found: dict[str, Callable[[int], ChunkedHashTree]] = {"python": PythonTree}
     try:

@@ -47,8 +47,8 @@ _BUFFERS = (np.ndarray, array)
 class NativeTree(_tree.Tree):
     """The compiled Chunked Hash Tree; same methods, results and errors as `PythonTree`."""
 
-    core = "native"
-    """Which core this is (`backend_name()` names the one `ChunkedHashTree` is)."""
+    backend = "native"
+    """Which backend this is (`backend_name()` names the one `ChunkedHashTree` is)."""
 
     def __init__(self, chunk_size: int = DEFAULT_CHUNK_SIZE):
         chunk_size = checked_chunk_size(chunk_size)

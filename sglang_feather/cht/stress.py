@@ -153,23 +153,23 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--check-every", type=int, default=1000, help="compare with the reference this often")
     parser.add_argument(
-        "--core",
+        "--backend",
         choices=("both", "python", "native"),
         default="both",
-        help="which core(s) to run (default both)",
+        help="which tree(s) to run: both, the Python tree or the compiled one (default both)",
     )
     args = parser.parse_args()
-    cores: dict[str, Callable[[int], ChunkedHashTree]] = {"python": PythonTree}
-    if args.core != "python":
-        from sglang_feather.cht.native import NativeTree  # fails loudly when the compiled core is not built
+    trees: dict[str, Callable[[int], ChunkedHashTree]] = {"python": PythonTree}
+    if args.backend != "python":
+        from sglang_feather.cht.native import NativeTree  # fails loudly when the compiled tree is not built
 
-        cores["native"] = NativeTree
-    for name, tree_cls in cores.items():
-        if args.core not in ("both", name):
+        trees["native"] = NativeTree
+    for name, tree_cls in trees.items():
+        if args.backend not in ("both", name):
             continue
         result = run_stress(args.ops, args.seed, args.check_every, tree_cls=tree_cls)
         print(
-            f"stress ok ({name} core): {result.num_ops:,} ops, {result.num_checks:,} reference comparisons + "
+            f"stress ok ({name} tree): {result.num_ops:,} ops, {result.num_checks:,} reference comparisons + "
             f"invariant checks, seed {args.seed}, {result.seconds:.1f} s"
         )
 

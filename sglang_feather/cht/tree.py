@@ -66,8 +66,8 @@ class PythonTree:
     leaves the tree unchanged.
     """
 
-    core = "python"
-    """Which core this is (`backend_name()` names the one `ChunkedHashTree` is)."""
+    backend = "python"
+    """Which backend this is (`backend_name()` names the one `ChunkedHashTree` is)."""
 
     def __init__(self, chunk_size: int = DEFAULT_CHUNK_SIZE):
         self.chunk_size = checked_chunk_size(chunk_size)

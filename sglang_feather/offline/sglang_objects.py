@@ -187,9 +187,9 @@ def server_tree_cache(params: CacheInitParams) -> UnifiedRadixCache:
 
 def describe_tree_cache(cache: BasePrefixCache) -> str:
     """The cache class and, for a unified cache, its tree core: "UnifiedRadixCache (RustUnifiedTreeCore)"."""
-    core = getattr(cache, "tree_core", None)
+    tree_core = getattr(cache, "tree_core", None)
     name = type(cache).__name__
-    return name if core is None else f"{name} ({type(core).__name__})"
+    return name if tree_core is None else f"{name} ({type(tree_core).__name__})"
 
 
 def cache_prompt(

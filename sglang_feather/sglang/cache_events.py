@@ -167,11 +167,11 @@ def event_source(tree_cache: Any) -> EventSource:
     core, its binding's queue, converted by SGLang's own converter only when it holds events (a drain that
     finds none, most of them, then costs one call into Rust instead of four Python frames: about 10 µs of a
     cold pass); on any other cache, or any other path down to that queue, `take_events` itself."""
-    core = getattr(tree_cache, "tree_core", None)
-    recorder = getattr(core, "kv_events", None)
+    tree_core = getattr(tree_cache, "tree_core", None)
+    recorder = getattr(tree_core, "kv_events", None)
     path = tuple(
         getattr(getattr(type(owner), name, None), "__qualname__", None)
-        for owner, name in ((tree_cache, "take_events"), (core, "take_events"), (recorder, "take"))
+        for owner, name in ((tree_cache, "take_events"), (tree_core, "take_events"), (recorder, "take"))
     )
     binding = getattr(recorder, "_binding", None)
     convert = getattr(sys.modules.get(type(recorder).__module__), "_kv_event_from_tagged", None)

@@ -74,23 +74,23 @@ def test_a_refused_chain_through_a_tail_changes_nothing(native_cls):
     tree.check_invariants()
 
 
-@pytest.mark.parametrize("core", ["python", "native"])
-def test_engine_hashes_after_token_prompts_are_checked_against_every_chunk(native_cls, core):
+@pytest.mark.parametrize("backend", ["python", "native"])
+def test_engine_hashes_after_token_prompts_are_checked_against_every_chunk(native_cls, backend):
     """Token prompts leave their tails' later chunks out of the compiled core's index; the first engine-hash
     insert indexes them, so a misplaced hash from one of them is refused by both cores alike."""
-    tree = (PythonTree if core == "python" else native_cls)(CHUNK)
+    tree = (PythonTree if backend == "python" else native_cls)(CHUNK)
     tokens = list(range(40 * CHUNK))
     tree.insert("a", array("q", tokens))
     tree.insert("b", array("q", tokens[: 20 * CHUNK] + [7] * CHUNK))
     hashes = chunk_hashes(tokens, CHUNK)
-    if core == "native":
+    if backend == "native":
         assert not tree._tails_indexed
     with pytest.raises(HashChainError):
         tree.insert_hashes("c", [hashes[0], hashes[30]])  # a tail's 30th chunk at depth 2
     with pytest.raises(HashChainError):
         tree.insert_hashes("d", [123, hashes[25]])
     tree.insert_hashes("e", hashes[:35] + [99])  # splits a's tail, now with every chunk indexed
-    if core == "native":
+    if backend == "native":
         assert tree._tails_indexed
     tree.check_invariants()
     assert tree.path_hashes("e")[:35] == tuple(hashes[:35])
