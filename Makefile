@@ -29,7 +29,7 @@ DEMO_ARGS  ?=
 setup: setup-sglang setup-vllm setup-vllm034 model
 
 setup-sglang: $(VENV)/.feather-setup
-# Every source of the compiled core: an edit to any of them rebuilds it at the next `make setup` / `make test`.
+# Every source of the compiled tree: an edit to any of them rebuilds it at the next `make setup` / `make test`.
 NATIVE_SRC := CMakeLists.txt sglang_feather/cht/_native/CMakeLists.txt sglang_feather/cht/_native/build_optional.cmake \
 	$(wildcard sglang_feather/cht/_native/*.cpp sglang_feather/cht/_native/*.h)
 DEV_REQS := requirements/dev.txt requirements/lint.txt requirements/typecheck.txt
@@ -69,13 +69,13 @@ test: setup
 		'$(MAKE) --no-print-directory test-vllm' \
 		'$(MAKE) --no-print-directory test-python-tree'
 
-# The admission and SGLang-object suites once more on the pure-Python CHT core (what a failed build of the
-# compiled one installs), on 2 workers. tests/cht runs both cores already (each against the reference model);
+# The admission and SGLang-object suites once more on the Python tree (what a failed build of the
+# compiled one installs), on 2 workers. tests/cht runs both trees already (each against the reference model);
 # the simulator (tests/sim) drives the same Admission calls as tests/core; the patch tests (patched SGLang in
-# subprocesses) call the same adapter code tests/sglang covers; the soak runs both cores itself; the page
-# translator's state machine (tests/core/test_page_runs.py) uses no CHT core; the cache-event feed's
-# equivalence with SGLang's match (tests/sglang/test_cache_events.py, 155 s on this core in CI) compares
-# SGLang's caches with the cache tier, which tests/cht holds to one reference on both cores; the grouped
+# subprocesses) call the same adapter code tests/sglang covers; the soak runs both trees itself; the page
+# translator's state machine (tests/core/test_page_runs.py) uses no CHT; the cache-event feed's
+# equivalence with SGLang's match (tests/sglang/test_cache_events.py, 155 s on the Python tree in CI) compares
+# SGLang's caches with the cache tier, which tests/cht holds to one reference on both trees; the grouped
 # attention backend (tests/sglang/test_grouped_*.py) uses no CHT. tests/sglang last: its modules import its
 # conftest by name, which must be the last initial conftest pytest loads.
 test-python-tree: setup-sglang
@@ -87,7 +87,7 @@ test-python-tree: setup-sglang
 # The developer's loop: everything but the tests that start servers and the few marked `slow` (SGLang
 # patched in subprocesses, 100K-request runs, the Triton interpreter; `make test` runs them); the three venvs
 # side by side, the SGLang one on 2 workers; FEATHER_TEST_FAST=1 runs the CHT state machine with 100
-# sequences per core (`make test`: 200).
+# sequences per tree (`make test`: 200).
 test-fast: setup
 	FEATHER_TEST_FAST=1 bash scripts/parallel.sh \
 		'$(PY) -m pytest tests --ignore=tests/vllm -m "not server and not slow" -n 2 $(PYTEST_ARGS)' \

@@ -254,9 +254,9 @@ def run_sequence(
 
 
 def prompt_read_s(workload: Workload, cfg: TimingConfig) -> float | None:
-    """Median seconds to read every queued prompt once without hashing it (the compiled core's `read_words`,
+    """Median seconds to read every queued prompt once without hashing it (the compiled tree's `read_words`,
     prefetched like its hash loop), in arrival order and under the cache state the whole runs leave: the
-    memory traffic any core's inserts of this queue pay at least. None when the compiled core is not built."""
+    memory traffic either tree's inserts of this queue pay at least. None when the compiled tree is not built."""
     try:
         from sglang_feather.cht._native._tree import read_words
     except ImportError:

@@ -61,7 +61,7 @@ def run_stress(
         if roll < 0.30 and len(waiting) + len(active) < max_requests:
             tokens = new_prompt()
             hashes = chunk_hashes(tokens, chunk)
-            # Token ids first, then an engine's hashes (the compiled core then indexes every chunk).
+            # Token ids first, then an engine's hashes (the compiled tree then indexes every chunk).
             if op < num_ops // 2:
                 tree.insert(next_id, tokens)
             else:
@@ -106,7 +106,7 @@ def run_stress(
                 tree.suspend(rid)
                 ref.suspend(rid)
         elif roll < 0.97:
-            # The engine caches part of a tracked prompt (splitting the compiled core's tails) or a new one.
+            # The engine caches part of a tracked prompt (splitting the compiled tree's tails) or a new one.
             tracked = waiting + active
             if tracked and rng.random() < 0.7:
                 hashes = ref.hashes[rng.choice(tracked)]

@@ -1,4 +1,4 @@
-"""The compiled core hashes prompts itself: its digests must equal `chunk_hashes` (the xxhash package)."""
+"""The compiled tree hashes prompts itself: its digests must equal `chunk_hashes` (the xxhash package)."""
 
 from array import array
 
@@ -52,7 +52,7 @@ DTYPES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint6
 @pytest.mark.parametrize("dtype", [">i2", ">u4", ">i8", ">u8"])
 def test_other_byte_orders_are_read_by_value(native_cls, dtype):
     """A big-endian numpy array is not read in place (its bytes are not the ids): the insert packs it the
-    way the Python core does, so both cores agree on its digests and on refusing a negative id."""
+    way the Python tree does, so both trees agree on its digests and on refusing a negative id."""
     tokens = np.array([1, 2, 3, 7, 250, 9], dtype=dtype)
     for tree_cls in (PythonTree, native_cls):
         tree = tree_cls(chunk_size=2)
@@ -133,8 +133,8 @@ def test_read_words_refuses_strided_buffers(native):
     ids=repr,
 )
 def test_lists_are_read_like_token_bytes(native_cls, tokens):
-    """Lists and tuples of ints are packed in the core (other items and sequences go through `token_bytes`):
-    the same digests, or the same error, as the Python core."""
+    """Lists and tuples of ints are packed in the compiled tree (other items and sequences go through `token_bytes`):
+    the same digests, or the same error, as the Python tree."""
     outcomes = []
     for tree_cls in (PythonTree, native_cls):
         tree = tree_cls(chunk_size=2)
@@ -154,7 +154,7 @@ def _raising(*values):
 def _outcome(method, *args):
     try:
         return ("ok", method(*args))
-    except Exception as err:  # the type is what both cores must agree on
+    except Exception as err:  # the type is what both trees must agree on
         return (type(err).__name__,)
 
 
@@ -239,7 +239,7 @@ def test_an_iterator_that_raises_changes_nothing(native_cls):
 
 
 def test_none_is_a_request_id_and_not_a_hash_list(native_cls):
-    """The compiled core's arguments accept None as the Python core's do."""
+    """The compiled tree's arguments accept None as the Python tree's do."""
     for tree_cls in (PythonTree, native_cls):
         tree = tree_cls(chunk_size=2)
         with pytest.raises(HashChainError):

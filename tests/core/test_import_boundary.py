@@ -57,7 +57,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "cluster_demo": frozenset({"demo", "serving", "workload"}),
 }
 """Layer -> the layers its modules may import (any import, lazy or for type checking only). Bottom up: the
-core data types and declared options; the CHT, the stoppers and the admission component; the workload spec;
+shared data types and declared options; the CHT, the stoppers and the admission component; the workload spec;
 the engine adapters; then the tooling: `measure` (what both benchmark sides share), `offline` (real SGLang
 objects on CPU and vLLM's model-free harness, driven by `sim` and `bench`), the simulator, the benchmarks
 (`bench vllm-admission` replays the simulator's workload generators on vLLM's harness), the live-server harness and the
