@@ -24,12 +24,12 @@ STRESS_OPS ?= 1000000
 PYTEST_ARGS ?=
 DEMO_ARGS  ?=
 
-.PHONY: setup setup-sglang setup-vllm setup-vllm033 setup-vllm034 model test test-fast test-python-core test-core test-vllm test-vllm033 lint lint-venv ruff typecheck bench stress demo demo-kv-pressure demo-cluster sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
+.PHONY: setup setup-sglang setup-vllm setup-vllm033 setup-vllm034 model test test-fast test-python-tree test-sglang-venv test-vllm test-vllm033 lint lint-venv ruff typecheck bench stress demo demo-kv-pressure demo-cluster sim sim-paper policy-figures kernels-smoke serving-bench-dry clean
 
 setup: setup-sglang setup-vllm setup-vllm034 model
 
 setup-sglang: $(VENV)/.feather-setup
-# Every source of the compiled core: an edit to any of them rebuilds it at the next `make setup` / `make test`.
+# Every source of the compiled tree: an edit to any of them rebuilds it at the next `make setup` / `make test`.
 NATIVE_SRC := CMakeLists.txt sglang_feather/cht/_native/CMakeLists.txt sglang_feather/cht/_native/build_optional.cmake \
 	$(wildcard sglang_feather/cht/_native/*.cpp sglang_feather/cht/_native/*.h)
 DEV_REQS := requirements/dev.txt requirements/lint.txt requirements/typecheck.txt
@@ -60,25 +60,25 @@ $(TINY_MODEL)/config.json: scripts/make_tiny_model.py | $(VENV)/.feather-setup
 # with. CI covers 0.32 and 0.34, the oldest and the newest supported vLLM; 0.33 left it to keep CI's time.
 # Four lanes side by side (scripts/parallel.sh prints each lane's wall and CPU seconds): the SGLang venv's
 # server tests two at a time (a module's tests, which share its servers, together), its other tests on 2
-# workers, the two vLLM venvs, and the Python-core leg. Most of a server test is start-up and waiting on
+# workers, the two vLLM venvs, and the Python-tree leg. Most of a server test is start-up and waiting on
 # HTTP, so the lanes fill each other's idle time on 2 cores.
 test: setup
 	bash scripts/parallel.sh \
 		'$(PY) -m pytest tests --ignore=tests/vllm -m server -n 2 --dist loadfile $(PYTEST_ARGS)' \
 		'$(PY) -m pytest tests --ignore=tests/vllm -m "not server" -n 2 $(PYTEST_ARGS)' \
 		'$(MAKE) --no-print-directory test-vllm' \
-		'$(MAKE) --no-print-directory test-python-core'
+		'$(MAKE) --no-print-directory test-python-tree'
 
-# The admission and SGLang-object suites once more on the pure-Python CHT core (what a failed build of the
-# compiled one installs), on 2 workers. tests/cht runs both cores already (each against the reference model);
+# The admission and SGLang-object suites once more on the Python tree (what a failed build of the
+# compiled one installs), on 2 workers. tests/cht runs both trees already (each against the reference model);
 # the simulator (tests/sim) drives the same Admission calls as tests/core; the patch tests (patched SGLang in
-# subprocesses) call the same adapter code tests/sglang covers; the soak runs both cores itself; the page
-# translator's state machine (tests/core/test_page_runs.py) uses no CHT core; the cache-event feed's
-# equivalence with SGLang's match (tests/sglang/test_cache_events.py, 155 s on this core in CI) compares
-# SGLang's caches with the cache tier, which tests/cht holds to one reference on both cores; the grouped
+# subprocesses) call the same adapter code tests/sglang covers; the soak runs both trees itself; the page
+# translator's state machine (tests/core/test_page_runs.py) uses no CHT; the cache-event feed's
+# equivalence with SGLang's match (tests/sglang/test_cache_events.py, 155 s on the Python tree in CI) compares
+# SGLang's caches with the cache tier, which tests/cht holds to one reference on both trees; the grouped
 # attention backend (tests/sglang/test_grouped_*.py) uses no CHT. tests/sglang last: its modules import its
 # conftest by name, which must be the last initial conftest pytest loads.
-test-python-core: setup-sglang
+test-python-tree: setup-sglang
 	SGLANG_FEATHER_CHT=python $(PY) -m pytest tests/core tests/sglang -m "not server" -n 2 \
 		--ignore=tests/sglang/test_patches.py --ignore=tests/sglang/test_soak.py \
 		--ignore=tests/core/test_page_runs.py --ignore=tests/sglang/test_cache_events.py \
@@ -87,14 +87,15 @@ test-python-core: setup-sglang
 # The developer's loop: everything but the tests that start servers and the few marked `slow` (SGLang
 # patched in subprocesses, 100K-request runs, the Triton interpreter; `make test` runs them); the three venvs
 # side by side, the SGLang one on 2 workers; FEATHER_TEST_FAST=1 runs the CHT state machine with 100
-# sequences per core (`make test`: 200).
+# sequences per tree (`make test`: 200).
 test-fast: setup
 	FEATHER_TEST_FAST=1 bash scripts/parallel.sh \
 		'$(PY) -m pytest tests --ignore=tests/vllm -m "not server and not slow" -n 2 $(PYTEST_ARGS)' \
 		'FEATHER_EXPECT_VLLM=0.32.0 $(PY_VLLM) -m pytest tests/vllm -m "not server and not slow" $(PYTEST_ARGS)' \
 		'FEATHER_EXPECT_VLLM=0.34.0 $(PY_VLLM034) -m pytest tests/vllm -m "not server and not slow" $(PYTEST_ARGS)'
 
-test-core: setup-sglang
+# Every test the SGLang venv runs, the end-to-end servers aside.
+test-sglang-venv: setup-sglang
 	$(PY) -m pytest tests --ignore=tests/vllm --ignore=tests/e2e $(PYTEST_ARGS)
 
 test-vllm: setup-vllm setup-vllm034 model
@@ -128,7 +129,7 @@ bench: setup-sglang
 	$(PY) -m sglang_feather.bench overhead --json results/overhead.json
 
 stress: setup-sglang
-	$(PY) -m sglang_feather.cht.stress --ops $(STRESS_OPS) --seed 0 --core both
+	$(PY) -m sglang_feather.cht.stress --ops $(STRESS_OPS) --seed 0 --backend both
 
 # e.g. make demo DEMO_ARGS='--repeat 5 --server-args=--disable-overlap-schedule'
 demo: setup-sglang model

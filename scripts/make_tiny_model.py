@@ -55,22 +55,22 @@ def synthetic_corpus(spec: TinyModelSpec) -> list[str]:
 
 
 def train_tokenizer(spec: TinyModelSpec) -> PreTrainedTokenizerFast:
-    core = Tokenizer(models.BPE(unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=spec.vocab_size,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    core.train_from_iterator(synthetic_corpus(spec), trainer=trainer)
-    bos = ("<s>", core.token_to_id("<s>"))
-    core.post_processor = processors.TemplateProcessing(
+    bpe.train_from_iterator(synthetic_corpus(spec), trainer=trainer)
+    bos = ("<s>", bpe.token_to_id("<s>"))
+    bpe.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[bos]
     )
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
+        tokenizer_object=bpe,
         bos_token="<s>",
         eos_token="</s>",
         unk_token="<unk>",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make a venv inside the checkout survive moving the checkout: its sglang-feather and scaffold .pth entries
 # become paths relative to site-packages (Python's site module joins a relative .pth line to the site dir),
-# and the editable finder, which records absolute paths, goes. The compiled CHT core is built next to the
+# and the editable finder, which records absolute paths, goes. The compiled tree is built next to the
 # sources, and the package's metadata (the SGLang plugin entry point) holds no path.
 #   scripts/relocatable.sh VENV_DIR [SCAFFOLD]   (SCAFFOLD: also write the CPU scaffold's .pth)
 set -euo pipefail

@@ -25,7 +25,7 @@ C=(-c "$ROOT/requirements/constraints.txt")
 # SGLang and torchvision without their dependency pins (CUDA kernels, torch 2.14.1).
 "${INSTALL[@]}" --no-deps sglang==0.5.23 torchvision==0.28.0
 # Editable install; its build (scikit-build-core + nanobind + CMake, fetched into an isolated build env)
-# compiles the CHT core into sglang_feather/cht/_native next to the sources, once per checkout (install_editable.sh).
+# compiles the Chunked Hash Tree into sglang_feather/cht/_native next to the sources, once per checkout (install_editable.sh).
 bash "$ROOT/scripts/install_editable.sh" "$V" "${C[@]}"
 
 # CPU test scaffolding: scaffold/cpu on sys.path (stub sgl_kernel) and the torchvision import shim; every
@@ -36,8 +36,8 @@ bash "$ROOT/scripts/relocatable.sh" "$V" SCAFFOLD
 import torch, sglang, sglang_feather
 from sglang.srt.managers.schedule_policy import SchedulePolicy  # noqa: F401  (imports torchvision too)
 from sglang_feather.cht import backend_name
-from sglang_feather.cht.native import NativeTree  # noqa: F401  (fails loudly if the compiled core is missing)
+from sglang_feather.cht.native import NativeTree  # noqa: F401  (fails loudly if the compiled tree is missing)
 assert "+cpu" in torch.__version__, f"expected the CPU build of torch, got {torch.__version__}"
 print(f"venv ready: torch {torch.__version__}, sglang {sglang.__version__}, sglang_feather {sglang_feather.__version__}, "
-      f"CHT core {backend_name()}")
+      f"CHT backend {backend_name()}")
 PY

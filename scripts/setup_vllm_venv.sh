@@ -72,7 +72,7 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: F401
 
 import sglang_feather
 from sglang_feather.cht import backend_name
-from sglang_feather.cht.native import NativeTree  # noqa: F401  (fails loudly if the compiled core is missing)
+from sglang_feather.cht.native import NativeTree  # noqa: F401  (fails loudly if the compiled tree is missing)
 
 dist, version = sys.argv[1:]
 for name in ("torchvision", "torchaudio", "torchcodec"):
@@ -84,5 +84,5 @@ for name in ("torchvision", "torchaudio", "torchcodec"):
 assert "+cpu" in torch.__version__, f"expected the CPU build of torch, got {torch.__version__}"
 assert m.version(dist) == version == vllm.__version__, (dist, m.version(dist), vllm.__version__)
 print(f"venv ready: torch {torch.__version__}, {dist} {version}, sglang_feather {sglang_feather.__version__}, "
-      f"CHT core {backend_name()}")
+      f"CHT backend {backend_name()}")
 PY

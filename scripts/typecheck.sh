@@ -3,7 +3,7 @@
 # SGLang, torch and vLLM resolve to the installed versions: the vLLM side (the adapter package and the vLLM
 # harness modules, VLLM_SIDE) in the vLLM venv, every other module in the SGLang venv. Each run names its own
 # files and follows imports into the other side's modules silently (no venv holds both engines; each module's
-# errors are reported by the run that names it). The compiled CHT core is a binary mypy cannot read: its stub
+# errors are reported by the run that names it). The compiled Chunked Hash Tree is a binary mypy cannot read: its stub
 # is written first from the built module by nanobind's stubgen (private members too: the Python wrapper
 # calls them), into build/typecheck-stubs (mypy_path).
 # Usage: scripts/typecheck.sh [VENV] [VENV_VLLM]   (defaults .venv .venv-vllm; `make typecheck`)
@@ -19,8 +19,8 @@ VLLM_SIDE=(
   sglang_feather/bench/vllm_admission.py
 )
 
-"$V/bin/python" -m nanobind.stubgen -q -P -m sglang_feather.cht._native._core \
-  -o build/typecheck-stubs/sglang_feather/cht/_native/_core.pyi
+"$V/bin/python" -m nanobind.stubgen -q -P -m sglang_feather.cht._native._tree \
+  -o build/typecheck-stubs/sglang_feather/cht/_native/_tree.pyi
 
 excludes=()
 for path in "${VLLM_SIDE[@]}"; do excludes+=(--exclude "^${path//./\\.}"); done

@@ -24,7 +24,7 @@ REFRESH_WINDOW = 128
 # prefix is locked, an uncached one has nothing to refresh), in the reverse of the order the ranking would
 # serve them (the deepest, then the heaviest group, then the queue's head, is touched last), so LRU evicts
 # what waits in the reverse of the order Feather will need it. A pass costs one tree query over at most
-# REFRESH_WINDOW ids (`cached_frontier`, in the compiled core one call) and one touch per prefix.
+# REFRESH_WINDOW ids (`cached_frontier`, in the compiled tree one call) and one touch per prefix.
 
 
 def prefixes_to_refresh(tree: ChunkedHashTree, queue_head: Iterable[RequestId]) -> list[RequestId]:

@@ -102,7 +102,7 @@ def _spread(value: dict, scale: float, digits: int) -> str:
 def markdown(result: dict) -> str:
     meta = result["meta"]
     lines = [
-        f"{machine_line(meta)}, CHT core {meta['cht_backend']}, stopper {meta['stopper']}, "
+        f"{machine_line(meta)}, CHT backend {meta['cht_backend']}, stopper {meta['stopper']}, "
         f"Feather's Prometheus series {'on (--enable-metrics)' if meta.get('metrics') else 'off'}, "
         f"{meta['repeat']} samples per side, run took {meta['wall_s']:.0f} s.",
         f"Workload: {meta['workload']}.",

@@ -24,8 +24,8 @@ from sglang_feather.types import ChunkHash
 PERF = time.perf_counter
 
 
-def cores() -> dict[str, Callable[[int], ChunkedHashTree]]:
-    """The CHT cores to measure side by side (a new tree of a chunk size on each): the Python one, and the
+def backends() -> dict[str, Callable[[int], ChunkedHashTree]]:
+    """The CHT backends to measure side by side (a new tree of a chunk size on each): the Python tree, and the
     compiled one when it is built."""
     found: dict[str, Callable[[int], ChunkedHashTree]] = {"python": PythonTree}
     try:
@@ -254,11 +254,11 @@ def run_sequence(
 
 
 def prompt_read_s(workload: Workload, cfg: TimingConfig) -> float | None:
-    """Median seconds to read every queued prompt once without hashing it (the compiled core's `read_words`,
+    """Median seconds to read every queued prompt once without hashing it (the compiled tree's `read_words`,
     prefetched like its hash loop), in arrival order and under the cache state the whole runs leave: the
-    memory traffic any core's inserts of this queue pay at least. None when the compiled core is not built."""
+    memory traffic either tree's inserts of this queue pay at least. None when the compiled tree is not built."""
     try:
-        from sglang_feather.cht._native._core import read_words
+        from sglang_feather.cht._native._tree import read_words
     except ImportError:
         return None
 

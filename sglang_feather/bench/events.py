@@ -40,7 +40,7 @@ def _spread(value: dict) -> str:
 def table(events) -> list[str]:
     """The per-chunk cost table (also `bench adapter`'s last section)."""
     lines = [
-        "Cache tier feed: SGLang's own KV events of a server-built cache (`UnifiedRadixCache`, Rust tree core), "
+        "Cache tier feed: SGLang's own KV events of a server-built cache (`UnifiedRadixCache`, SGLang's Rust radix tree), "
         "translated and stored by Feather, round after round in one cache; median [range] over the rounds. "
         "SGLang records = what SGLang itself spends recording the same store events (insert with events on and "
         "`take_events`, less the insert with events off).",
@@ -60,7 +60,7 @@ def table(events) -> list[str]:
 
 def markdown(result: dict) -> str:
     meta = result["meta"]
-    head = [f"{machine_line(meta)}, CHT core {meta['cht_backend']}, {meta['rounds']} rounds a cell.", ""]
+    head = [f"{machine_line(meta)}, CHT backend {meta['cht_backend']}, {meta['rounds']} rounds a cell.", ""]
     return "\n".join(head + table(result["events"]))
 
 

@@ -73,7 +73,7 @@ def run_cell(
         pass_sizes = (cfg.plan.num_per_pass, budget_k)
         cells = {
             name: cht_side.measure_cell(workload, cfg.chunk_size, pass_sizes, cfg.timing, tree_cls)
-            for name, tree_cls in cht_side.cores().items()
+            for name, tree_cls in cht_side.backends().items()
         }
     del queue
     plan = replace(cfg.plan, num_per_pass=budget_k) if cfg.budget_sequence else cfg.plan
@@ -88,7 +88,7 @@ def run_cell(
                 _total,
                 cfg.timing,
             )
-            for name, tree_cls in cht_side.cores().items()
+            for name, tree_cls in cht_side.backends().items()
         }
         prompt_read_s = cht_side.prompt_read_s(workload, cfg.timing)
     default = backend_name()
@@ -147,7 +147,7 @@ def run(cfg: OverheadConfig, progress: TextIO | None = None) -> dict:
         "prefill_token_budget": baseline.prefill_token_budget(),
         "tree_cache": baseline.tree_cache(),
         "cht_backend": backend_name(),
-        "cht_cores": list(cht_side.cores()),
+        "cht_backends": list(cht_side.backends()),
     }
     return {"meta": meta, "cells": [c.to_json(cfg.plan.num_per_pass) for c in cells]}
 

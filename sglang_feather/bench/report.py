@@ -7,7 +7,7 @@ from typing import Any
 
 from sglang_feather.bench.cht_side import ChtCell, ChtSequence
 from sglang_feather.bench.markdown import header, ms, ratio, row, us
-from sglang_feather.bench.targets import cores_table, target_table
+from sglang_feather.bench.targets import backends_table, target_table
 
 
 @dataclass(frozen=True)
@@ -25,14 +25,14 @@ class Cell:
     cht_sequence: tuple[ChtSequence, int]
     sequence_k: int
     """Requests each pass of the sequences admitted."""
-    cores: dict[str, tuple[ChtCell, tuple[ChtSequence, int]]] = field(default_factory=dict)
-    """Every CHT core measured (name -> cell and sequence); `cht`/`cht_sequence` are the default core's."""
+    backends: dict[str, tuple[ChtCell, tuple[ChtSequence, int]]] = field(default_factory=dict)
+    """Every CHT backend measured (name -> cell and sequence); `cht`/`cht_sequence` are the default backend's."""
     prompt_read_s: float | None = None
     """Reading every queued prompt once with no hashing (`cht_side.prompt_read_s`); None without the compiled
-    core."""
+    tree."""
 
-    def core_json(self, cht: ChtCell, cht_sequence: tuple[ChtSequence, int]) -> dict:
-        """One core's figures and its ratios against every SGLang policy."""
+    def backend_json(self, cht: ChtCell, cht_sequence: tuple[ChtSequence, int]) -> dict:
+        """One backend's figures and its ratios against every SGLang policy."""
         sequence, num_runs = cht_sequence
         return {
             "cht": cht_json(cht),
@@ -72,7 +72,7 @@ class Cell:
                 "cht": {**asdict(cht_sequence), "num_runs": cht_runs},
                 "ratio": {name: s.total_s / cht_sequence.total_s for name, (s, _) in self.sequences.items()},
             },
-            "cores": {name: self.core_json(*measured) for name, measured in self.cores.items()},
+            "backends": {name: self.backend_json(*measured) for name, measured in self.backends.items()},
             "prompt_read_s": self.prompt_read_s,
         }
 
@@ -181,7 +181,7 @@ def read_table(result: dict) -> list[str]:
     policies = list(result["cells"][0]["sglang"])
     lines = header(
         ["workload", "W", "prompt", "read every prompt once ms", "CHT inserts / read"]
-        + [f"{p} whole run / read (no core's ratio can pass this)" for p in policies]
+        + [f"{p} whole run / read (no backend's ratio can pass this)" for p in policies]
     )
     for c in result["cells"]:
         read_s = c.get("prompt_read_s")
@@ -248,11 +248,11 @@ def overhead_markdown(result: dict) -> str:
     plan = meta["config"]["plan"]
     until = f"drained or {plan['max_passes']} passes" if plan["max_passes"] else "drained"
     targets: list[str] = []
-    for core in meta.get("cht_cores", []):
-        targets += ["", f"### Targets, {core} core (figures, not tests)", ""] + target_table(result, core)
+    for name in meta.get("cht_backends", []):
+        targets += ["", f"### Targets, {name} tree (figures, not tests)", ""] + target_table(result, name)
     return "\n".join(
         head
-        + [f"CHT tables below: the default core ({meta.get('cht_backend', 'python')}).", ""]
+        + [f"CHT tables below: the default backend ({meta.get('cht_backend', 'python')}).", ""]
         + ["### Per pass (median)", ""]
         + pass_table(result)
         + ["", "### CHT per operation (median of per-sample means)", ""]
@@ -273,10 +273,10 @@ def overhead_markdown(result: dict) -> str:
         + read_table(result)
         + [
             "",
-            f"### Cores side by side (default core: {meta.get('cht_backend', 'python')}; one run, "
+            f"### Backends side by side (default: {meta.get('cht_backend', 'python')}; one run, "
             "same process, same queues)",
             "",
         ]
-        + cores_table(result)
+        + backends_table(result)
         + targets
     )

@@ -16,7 +16,7 @@ def markdown(result: dict) -> str:
         f"{result['num_finished'] + result['num_aborted']} requests ({result['num_finished']} finished, "
         f"{result['num_aborted']} aborted, {result['num_retracted']} retractions) in {result['num_steps']} "
         f"steps / {result['num_passes']} prefill passes, {result['wall_s']:.0f} s (tracemalloc "
-        f"{'on' if cfg['trace'] else 'off'}, CHT core {result['cht_backend']}, stopper {cfg['stopper']}); "
+        f"{'on' if cfg['trace'] else 'off'}, CHT backend {result['cht_backend']}, stopper {cfg['stopper']}); "
         f"Feather errors {result['num_errors']}, drift {result['num_drift']}.",
         "",
         "| after | requests done | RSS MB | traced MB | traced from sglang_feather MB | waiting | active "

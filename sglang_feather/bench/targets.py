@@ -1,4 +1,4 @@
-"""The overhead benchmark's goals per CHT core, and the tables that check a run against them."""
+"""The overhead benchmark's goals per CHT backend, and the tables that check a run against them."""
 
 from __future__ import annotations
 
@@ -80,14 +80,14 @@ NATIVE_TARGETS = (
         lambda c: _is_big(c) and _is_long(c) and c["workload"] == "shared",
     ),
 )
-"""GitHub issue 12's goals for the compiled core; `TARGETS` are the original (Python core) goals."""
+"""GitHub issue 12's goals for the compiled tree; `TARGETS` are the original (Python tree) goals."""
 
-CORE_TARGETS = {"python": TARGETS, "native": NATIVE_TARGETS}
+BACKEND_TARGETS = {"python": TARGETS, "native": NATIVE_TARGETS}
 
 
-def core_view(cell: dict, core: str) -> dict:
-    """The cell as if `core` were the only CHT measured (the shape `TARGETS` read)."""
-    data = cell["cores"][core]
+def backend_view(cell: dict, backend: str) -> dict:
+    """The cell as if `backend` were the only CHT measured (the shape `TARGETS` read)."""
+    data = cell["backends"][backend]
     sequence = {**cell["sequence"], "cht": data["sequence"], "ratio": data["sequence_ratio"]}
     return {
         **cell,
@@ -98,14 +98,14 @@ def core_view(cell: dict, core: str) -> dict:
     }
 
 
-def cores_table(result: dict) -> list[str]:
-    """Every core side by side on every cell (ratios are SGLang dfs-weight / that core, one run)."""
+def backends_table(result: dict) -> list[str]:
+    """Every backend side by side on every cell (ratios are SGLang dfs-weight / that backend, one run)."""
     lines = header(
         [
             "workload",
             "W",
             "prompt",
-            "core",
+            "backend",
             "insert µs",
             "best µs",
             "activate µs/op (run)",
@@ -118,12 +118,12 @@ def cores_table(result: dict) -> list[str]:
         num_left=4,
     )
     for c in result["cells"]:
-        for core in c.get("cores", {}):
-            view = core_view(c, core)
+        for backend in c.get("backends", {}):
+            view = backend_view(c, backend)
             cht, seq = view["cht"], view["sequence"]["cht"]
             lines.append(
                 row(
-                    [c["workload"], str(c["num_waiting"]), str(c["prompt_len"]), core]
+                    [c["workload"], str(c["num_waiting"]), str(c["prompt_len"]), backend]
                     + [us(cht["insert_s"]["median_s"]), us(cht["best_s"]["median_s"])]
                     + [us(_amortised(view, "activate")), us(_amortised(view, "finish"))]
                     + [
@@ -140,12 +140,12 @@ def _show(spec: TargetSpec, value: float) -> str:
     return ratio(value) if spec.is_ratio else f"{us(value)} µs"
 
 
-def target_table(result: dict, core: str | None = None) -> list[str]:
-    """Each target against the worst cell it applies to (figures, not pass/fail tests); `core` picks the
-    core and its goals (default: the default core's figures against `TARGETS`)."""
+def target_table(result: dict, backend: str | None = None) -> list[str]:
+    """Each target against the worst cell it applies to (figures, not pass/fail tests); `backend` picks the
+    backend and its goals (default: the default backend's figures against `TARGETS`)."""
     lines = header(["target", "goal", "worst cell", "measured", "met"], num_left=3)
-    specs = TARGETS if core is None else CORE_TARGETS[core]
-    all_cells = result["cells"] if core is None else [core_view(c, core) for c in result["cells"]]
+    specs = TARGETS if backend is None else BACKEND_TARGETS[backend]
+    all_cells = result["cells"] if backend is None else [backend_view(c, backend) for c in result["cells"]]
     for spec in specs:
         cells = [c for c in all_cells if spec.applies(c)]
         goal = ("≥ " if spec.is_ratio else "≤ ") + _show(spec, spec.goal)

@@ -1,4 +1,4 @@
-"""Which Chunked Hash Tree core runs: the compiled one when it is built, else the Python one."""
+"""The Chunked Hash Tree backend: the compiled tree when it is built, else the Python tree."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ if TYPE_CHECKING:
     from sglang_feather.cht.native import NativeTree
 
     ChunkedHashTree: TypeAlias = PythonTree | NativeTree
-    """A tree on either core: the type checker holds every caller to what both cores provide."""
+    """Either tree: the type checker holds every caller to what both implementations provide."""
 
 ENV_VAR = "SGLANG_FEATHER_CHT"
-"""`python` or `native` forces a core (`native` fails loudly when it is not built); unset or `auto` picks."""
+"""`python` or `native` forces a backend (`native` fails loudly when it is not built); unset or `auto` picks."""
 
 logger = logging.getLogger(__name__)
 
 
 def _select() -> tuple[type[PythonTree] | type[NativeTree], str, str]:
-    """The tree class, its core's name and why it was chosen."""
+    """The tree class, its backend's name and why it was chosen."""
     choice = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
     if choice not in ("auto", "python", "native"):
         raise ValueError(f"{ENV_VAR}={choice!r}: expected python, native or auto")
@@ -33,15 +33,15 @@ def _select() -> tuple[type[PythonTree] | type[NativeTree], str, str]:
     except ImportError as err:
         if choice == "native":
             raise ImportError(
-                f"{ENV_VAR}=native but the compiled CHT core is not built ({err}); run `make setup` or "
+                f"{ENV_VAR}=native but the compiled Chunked Hash Tree is not built ({err}); run `make setup` or "
                 "`pip install -e .` with a C++ compiler"
             ) from err
-        return PythonTree, "python", f"the compiled core is not built ({err})"
+        return PythonTree, "python", f"the compiled tree is not built ({err})"
     return NativeTree, "native", f"{ENV_VAR}={choice}"
 
 
-PYTHON_CORE_WARNING = (
-    "Chunked Hash Tree core: python (%s). The pure-Python core is about 26x slower per scheduling run than the "
+PYTHON_TREE_WARNING = (
+    "Chunked Hash Tree backend: python (%s). The Python tree is about 26x slower per scheduling run than the "
     "compiled one; reinstall with a C++17 compiler (`pip install sglang-feather` builds it) to get it back."
 )
 
@@ -50,17 +50,17 @@ _TREE_CLASS, BACKEND, _REASON = _select()
 if not TYPE_CHECKING:
     ChunkedHashTree = _TREE_CLASS  # the chosen class: `ChunkedHashTree(chunk_size)` builds a tree at run time
 if BACKEND == "python":
-    logger.warning(PYTHON_CORE_WARNING, _REASON)
+    logger.warning(PYTHON_TREE_WARNING, _REASON)
 else:
-    logger.info("Chunked Hash Tree core: %s (%s)", BACKEND, _REASON)
+    logger.info("Chunked Hash Tree backend: %s (%s)", BACKEND, _REASON)
 
 
 def new_tree(chunk_size: int = DEFAULT_CHUNK_SIZE) -> ChunkedHashTree:
-    """An empty tree on the core `backend_name()` names (a type alias cannot be called where it is checked)."""
+    """An empty tree of the backend `backend_name()` names (a type alias cannot be called where it is checked)."""
     return _TREE_CLASS(chunk_size)
 
 
 def backend_name() -> str:
-    """`native` or `python`: the core `ChunkedHashTree` is (the startup log line, and the `core` label of the
+    """`native` or `python`: the backend `ChunkedHashTree` is (the startup log line, and the `cht_backend` label of the
     `sglang:feather_info` metric, sglang/metrics.py)."""
     return BACKEND

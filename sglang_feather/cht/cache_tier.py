@@ -1,4 +1,4 @@
-"""The Python core's cache tier: the chunk hashes the engine's KV cache holds, kept from its events."""
+"""The Python tree's cache tier: the chunk hashes the engine's KV cache holds, kept from its events."""
 
 from __future__ import annotations
 

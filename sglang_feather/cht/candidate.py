@@ -85,9 +85,9 @@ def take_picks_stepwise(
     max_missing: int = sys.maxsize,
     first: RequestId | None = None,
 ) -> TakenPicks:
-    """What every core's `take_picks(max_picks, skip_running_uncached, max_missing=None, first=None)` does, one
-    `candidate` / `best` / `suspend` / `activate` at a time (the Python core and the reference model run this;
-    the compiled core runs its own loop and is held to it).
+    """What either tree's `take_picks(max_picks, skip_running_uncached, max_missing=None, first=None)` does, one
+    `candidate` / `best` / `suspend` / `activate` at a time (the Python tree and the reference model run this;
+    the compiled tree runs its own loop and is held to it).
 
     Up to `max_picks` picks of `best()`, each activated before the next is taken (the last one only when
     nothing is left after it); with `skip_running_uncached`, a best whose prefix runs uncached
@@ -132,7 +132,7 @@ def take_picks_stepwise(
 def checked_picks(
     max_picks: int, skip_running_uncached: bool, max_missing: int | None
 ) -> tuple[int, bool, int]:
-    """`take_picks`' arguments checked, as every core checks them: `max_picks` a count, `max_missing` (None: no
+    """`take_picks`' arguments checked, as either tree checks them: `max_picks` a count, `max_missing` (None: no
     budget) at least 1."""
     return (
         checked_count("max_picks", max_picks),

@@ -1,4 +1,4 @@
-"""Argument checks both cores share, so that a bad argument raises the same CHT error on each."""
+"""Argument checks both trees share, so that a bad argument raises the same CHT error on each."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from sglang_feather.cht.errors import HashChainError, InvalidArrival, InvalidDep
 from sglang_feather.types import ChunkHash, RequestId
 
 MAX_CHUNK_SIZE = 2**31
-"""Tokens per chunk, exclusive bound (the compiled core reads a chunk's bytes with 32-bit-safe arithmetic)."""
+"""Tokens per chunk, exclusive bound (the compiled tree reads a chunk's bytes with 32-bit-safe arithmetic)."""
 
 
 def _integer(name: str, value: object, error: type[Exception]) -> int:

@@ -1,4 +1,4 @@
-"""`PythonTree`'s API on the compiled core (sglang_feather/cht/_native/core.cpp); import fails if it is not built."""
+"""`PythonTree`'s API on the compiled tree (sglang_feather/cht/_native/tree.cpp); import fails if it is not built."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from sglang_feather.cht._native import _core
+from sglang_feather.cht._native import _tree
 from sglang_feather.cht.candidate import TakenPicks, checked_picks
 from sglang_feather.cht.checks import (
     check_depth,
@@ -29,26 +29,26 @@ from sglang_feather.cht.nodes import RequestState
 from sglang_feather.cht.tree import Candidate
 from sglang_feather.types import ChunkHash, RequestId
 
-# How it works. The C++ core numbers requests with u32 handles (reused after a request leaves). `NativeTree`
-# subclasses the compiled `Core`, so every mutation (insert, insert_hashes, best, activate, finish,
-# deactivate, remove, suspend, resume) and `candidate` are the core's own methods, with no Python frame: the
-# core holds this wrapper's request id -> handle dict and handle -> request id list, builds the `Candidate`,
-# keeps the one-slot `best()` cache and raises the same exceptions as the Python core (every check happens
+# How it works. The C++ tree numbers requests with u32 handles (reused after a request leaves). `NativeTree`
+# subclasses the compiled `Tree`, so every mutation (insert, insert_hashes, best, activate, finish,
+# deactivate, remove, suspend, resume) and `candidate` are the compiled tree's own methods, with no Python frame:
+# it holds this wrapper's request id -> handle dict and handle -> request id list, builds the `Candidate`,
+# keeps the one-slot `best()` cache and raises the same exceptions as the Python tree (every check happens
 # before the first mutation there too). Token buffers (numpy, array.array) are hashed in place, with no copy;
-# other sequences are packed and validated by `token_bytes` first, exactly as the Python core does. The cache
+# other sequences are packed and validated by `token_bytes` first, exactly as the Python tree does. The cache
 # tier's events and queries (`cache_store`, `cache_remove`, `cache_clear`, `is_cached`, `num_cached`) take
-# hashes, not request ids, and are the core's own methods too. Queries by request id go through the Python
+# hashes, not request ids, and are the compiled tree's own methods too. Queries by request id go through the Python
 # methods below, which map ids to handles.
 
 _STATES = (None, RequestState.WAITING, RequestState.ACTIVE)
 _BUFFERS = (np.ndarray, array)
 
 
-class NativeTree(_core.Core):
+class NativeTree(_tree.Tree):
     """The compiled Chunked Hash Tree; same methods, results and errors as `PythonTree`."""
 
-    core = "native"
-    """Which core this is (`backend_name()` names the one `ChunkedHashTree` is)."""
+    backend = "native"
+    """Which backend this is (`backend_name()` names the one `ChunkedHashTree` is)."""
 
     def __init__(self, chunk_size: int = DEFAULT_CHUNK_SIZE):
         chunk_size = checked_chunk_size(chunk_size)
@@ -131,7 +131,7 @@ class NativeTree(_core.Core):
         max_missing: int | None = None,
         first: RequestId | None = None,
     ) -> TakenPicks:
-        """`take_picks_stepwise`'s picks (candidate.py), in one call into the core's own loop."""
+        """`take_picks_stepwise`'s picks (candidate.py), in one call into the compiled tree's own loop."""
         checked = checked_picks(max_picks, skip_running_uncached, max_missing)
         return TakenPicks(*self._take_picks(*checked, first))
 
@@ -154,17 +154,17 @@ class NativeTree(_core.Core):
     # ----------------------------------------------------------------- invariants
 
     def check_invariants(self) -> None:
-        """The core's own recount (core.cpp `check`) plus the id mapping kept here."""
+        """The compiled tree's own recount (tree.cpp `check`) plus the id mapping kept here."""
         from sglang_feather.cht.invariants import InvariantError
 
         problem = self._check()
         if problem:
             raise InvariantError(problem)
         if self._num_requests != len(self._handles):
-            raise InvariantError("the id map and the core disagree on the number of requests")
+            raise InvariantError("the id map and the compiled tree disagree on the number of requests")
         for rid, handle in self._handles.items():
             if self._ids[handle] != rid or self._state(handle) == 0:
-                raise InvariantError(f"request {rid!r} maps to a handle the core does not hold")
+                raise InvariantError(f"request {rid!r} maps to a handle the compiled tree does not hold")
 
     # ----------------------------------------------------------------- internals
 

@@ -1,4 +1,4 @@
-"""The Python core's trie of prefix nodes: building a request's path, releasing it, depths along a path."""
+"""The Python tree's trie of prefix nodes: building a request's path, releasing it, depths along a path."""
 
 from __future__ import annotations
 

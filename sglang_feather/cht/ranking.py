@@ -1,4 +1,4 @@
-"""The Python core's ranking: the lazy lower-bound heaps that find the next waiting request in O(log W)."""
+"""The Python tree's ranking: the lazy lower-bound heaps that find the next waiting request in O(log W)."""
 
 from __future__ import annotations
 

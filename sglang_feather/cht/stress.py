@@ -61,7 +61,7 @@ def run_stress(
         if roll < 0.30 and len(waiting) + len(active) < max_requests:
             tokens = new_prompt()
             hashes = chunk_hashes(tokens, chunk)
-            # Token ids first, then an engine's hashes (the compiled core then indexes every chunk).
+            # Token ids first, then an engine's hashes (the compiled tree then indexes every chunk).
             if op < num_ops // 2:
                 tree.insert(next_id, tokens)
             else:
@@ -106,7 +106,7 @@ def run_stress(
                 tree.suspend(rid)
                 ref.suspend(rid)
         elif roll < 0.97:
-            # The engine caches part of a tracked prompt (splitting the compiled core's tails) or a new one.
+            # The engine caches part of a tracked prompt (splitting the compiled tree's tails) or a new one.
             tracked = waiting + active
             if tracked and rng.random() < 0.7:
                 hashes = ref.hashes[rng.choice(tracked)]
@@ -153,23 +153,23 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--check-every", type=int, default=1000, help="compare with the reference this often")
     parser.add_argument(
-        "--core",
+        "--backend",
         choices=("both", "python", "native"),
         default="both",
-        help="which core(s) to run (default both)",
+        help="which tree(s) to run: both, the Python tree or the compiled one (default both)",
     )
     args = parser.parse_args()
-    cores: dict[str, Callable[[int], ChunkedHashTree]] = {"python": PythonTree}
-    if args.core != "python":
-        from sglang_feather.cht.native import NativeTree  # fails loudly when the compiled core is not built
+    trees: dict[str, Callable[[int], ChunkedHashTree]] = {"python": PythonTree}
+    if args.backend != "python":
+        from sglang_feather.cht.native import NativeTree  # fails loudly when the compiled tree is not built
 
-        cores["native"] = NativeTree
-    for name, tree_cls in cores.items():
-        if args.core not in ("both", name):
+        trees["native"] = NativeTree
+    for name, tree_cls in trees.items():
+        if args.backend not in ("both", name):
             continue
         result = run_stress(args.ops, args.seed, args.check_every, tree_cls=tree_cls)
         print(
-            f"stress ok ({name} core): {result.num_ops:,} ops, {result.num_checks:,} reference comparisons + "
+            f"stress ok ({name} tree): {result.num_ops:,} ops, {result.num_checks:,} reference comparisons + "
             f"invariant checks, seed {args.seed}, {result.seconds:.1f} s"
         )
 

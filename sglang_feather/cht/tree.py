@@ -57,7 +57,7 @@ _ACTIVE = RequestState.ACTIVE
 
 
 class PythonTree:
-    """The pure-Python core (and the reference the compiled one is held to); see "how it works" above.
+    """The Python tree (and the reference the compiled one is held to); see "how it works" above.
 
     Complexity (n = chunks of the request, W = waiting requests, d = nodes that change coverage, c = chunks
     an event names): insert O(n + log W); activate/deactivate/finish O(n + d log W); remove O(n); best
@@ -66,8 +66,8 @@ class PythonTree:
     leaves the tree unchanged.
     """
 
-    core = "python"
-    """Which core this is (`backend_name()` names the one `ChunkedHashTree` is)."""
+    backend = "python"
+    """Which backend this is (`backend_name()` names the one `ChunkedHashTree` is)."""
 
     def __init__(self, chunk_size: int = DEFAULT_CHUNK_SIZE):
         self.chunk_size = checked_chunk_size(chunk_size)
@@ -257,7 +257,7 @@ class PythonTree:
         arrival: float | None = None,
     ) -> int:
         """Add a waiting request; returns its number of chunks. Checks, in order: the id, the namespace, the
-        arrival, the token ids (the compiled core's order too)."""
+        arrival, the token ids (the compiled tree's order too)."""
         if request_id in self._requests:
             raise DuplicateRequest(f"request {request_id!r} is already in the tree")
         namespace_seed(namespace)

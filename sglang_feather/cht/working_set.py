@@ -1,4 +1,4 @@
-"""The Python core's working set: the running requests, their prefix groups and the prefix all of them hold."""
+"""The Python tree's working set: the running requests, their prefix groups and the prefix all of them hold."""
 
 from __future__ import annotations
 

@@ -27,13 +27,13 @@ from sglang_feather.sglang.policy import FeatherSchedulePolicy
 #
 # `AdapterHarness` stands in for SGLang's `Scheduler` and nothing else: its queues are SGLang's own
 # (`waiting_queue`, a real `ScheduleBatch` as the running batch), its prefix cache the one a server builds
-# (`UnifiedRadixCache` on the Rust tree core, its KV-event recorder on for `feather` as the plugin turns it on)
+# (`UnifiedRadixCache` on SGLang's Rust radix tree, its KV-event recorder on for `feather` as the plugin turns it on)
 # with a real token allocator, its requests real `Req`s, and every
 # call into Feather goes through the function the plugin registers for that SGLang method (`plugin.HOOKS`),
 # called with the arguments SGLang's wrapper passes: `_add_request_to_queue` for arrivals and retractions,
 # `init_schedule_policy` at startup, `get_prefill_adder_class` and `get_next_batch_to_run` around each pass,
 # `merge_batch` when a prefill batch joins the running batch, `release_kv_cache` for finishes and
-# `_release_aborted_request` for aborts. A pass is the core of `Scheduler._get_new_batch_prefill_raw`:
+# `_release_aborted_request` for aborts. A pass is the heart of `Scheduler._get_new_batch_prefill_raw`:
 # `calc_priority`, the real `PrefillAdder` (Feather's subclass for `feather`) walking the waiting list until
 # it stops, the waiting list rebuilt without the admitted requests. The model is absent (CPU): admitted
 # requests get no KV slots (only the cached prompts hold some), a decode step appends one token to every

@@ -81,7 +81,7 @@ class AdapterCell:
 
 
 def tree_cache() -> str:
-    """The SGLang tree cache both sides run on (class and tree core), as the harness builds it."""
+    """The SGLang tree cache both sides run on (its class and SGLang's radix tree under it), as the harness builds it."""
     return describe_tree_cache(make_radix_cache())
 
 

@@ -67,7 +67,7 @@ def prepare() -> dict[str, str]:
 
 
 def tree_cache(kind: str = UNIFIED) -> str:
-    """The SGLang tree cache the policies run on: class and tree core, as `make_radix_cache` builds it."""
+    """The SGLang tree cache the policies run on: its class and SGLang's radix tree under it, as `make_radix_cache` builds it."""
     return describe_tree_cache(make_radix_cache(kind=kind))
 
 

@@ -156,8 +156,8 @@ def _build_cache(kind: str, params: CacheInitParams) -> TreeCache:
 def server_tree_cache(params: CacheInitParams) -> UnifiedRadixCache:
     """SGLang's own factory (`create_tree_cache`), as a CPU server's KV-cache builder calls it.
 
-    Fails unless it returns a `UnifiedRadixCache` on the Rust tree core (what a server runs; the env var
-    SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND selects the core, default "rust").
+    Fails unless it returns a `UnifiedRadixCache` on SGLang's Rust radix tree (what a server runs; the env var
+    SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND selects its radix tree, default "rust").
     """
     server_args = publish_cpu_context()
     params.eviction_policy = get_memory().radix_eviction_policy
@@ -180,16 +180,16 @@ def server_tree_cache(params: CacheInitParams) -> UnifiedRadixCache:
     if not isinstance(cache, UnifiedRadixCache) or not isinstance(cache.tree_core, RustUnifiedTreeCore):
         raise RuntimeError(
             f"SGLang built {describe_tree_cache(cache)}, not UnifiedRadixCache (RustUnifiedTreeCore) as a "
-            "server does; check SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND and the Rust tree core extension"
+            "server does; check SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND and SGLang's Rust radix tree extension"
         )
     return cache
 
 
 def describe_tree_cache(cache: BasePrefixCache) -> str:
-    """The cache class and, for a unified cache, its tree core: "UnifiedRadixCache (RustUnifiedTreeCore)"."""
-    core = getattr(cache, "tree_core", None)
+    """The cache class and, for a unified cache, its radix tree (`tree_core`): "UnifiedRadixCache (RustUnifiedTreeCore)"."""
+    tree_core = getattr(cache, "tree_core", None)
     name = type(cache).__name__
-    return name if core is None else f"{name} ({type(core).__name__})"
+    return name if tree_core is None else f"{name} ({type(tree_core).__name__})"
 
 
 def cache_prompt(

@@ -29,7 +29,7 @@ with quiet_sglang():
 # Every request becomes a real `Req`; the waiting queue is a real list that `calc_priority` sorts in place
 # each pass (so, as in SGLang, an order survives passes where LPM falls back to FCFS); the simulator's
 # policy (`sim/sglang_baselines.py`) walks that order and stops at the first request its budgets refuse. The tree cache a server builds
-# (`UnifiedRadixCache` on the Rust tree core, through SGLang's own factory) mirrors the simulator's prefix
+# (`UnifiedRadixCache` on SGLang's Rust radix tree, through SGLang's own factory) mirrors the simulator's prefix
 # cache through its insert/evict listeners, so LPM and DFS-weight match against the same cached prefixes
 # the simulator holds. An evicted block is cut out of the mirror by splitting the tree at the block start
 # (a match there) and evicting, leaf first, the nodes of that path that lie wholly past it and hold nothing

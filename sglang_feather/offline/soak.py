@@ -36,7 +36,7 @@ NUM_GROUPS = 64
 # prefills are not inserted (no KV is computed) and every match ends at a cached prefix's end (no node
 # split), so SGLang's own cache growth does not hide Feather's. Memory is compared between equal states: after a warm-up of `warmup_requests` requests
 # the queues are drained (every request finished or aborted) and measured; after all requests they are
-# drained and measured again. tracemalloc sees Python allocations (the compiled CHT core's are visible only
+# drained and measured again. tracemalloc sees Python allocations (the compiled tree's are visible only
 # in RSS and in the tree's own counters); `feather_traced` counts those made from sglang_feather code.
 
 

@@ -15,13 +15,13 @@ logger = logging.getLogger(__name__)
 
 # How it works.
 #
-# SGLang's tree cache (the Rust tree core or the Python one) records `BlockStored` (a chain of pages below a
+# SGLang's tree cache (its Rust radix tree or its Python one) records `BlockStored` (a chain of pages below a
 # parent page, with their token ids), `BlockRemoved` (the pages of an evicted node) and `AllBlocksCleared`
 # once its recorder is enabled; the plugin enables it for `--schedule-policy feather`. Page hashes are
 # SGLang's own (SHA-256, position-aware), so they cannot be turned into the CHT's chunk hashes by themselves:
 # the translator hands each event's pages and tokens to `PageRuns` (page_runs.py), which checks the event,
 # keeps every stored chain's hashing state and returns the chunk chain a store caches, or the chunks an
-# eviction uncaches, in O(the event's pages and tokens + one chunk). The Rust tree core reports a node per
+# eviction uncaches, in O(the event's pages and tokens + one chunk). SGLang's Rust radix tree reports a node per
 # event, the Python one a page per event. Events for another storage medium (HiCache's host tier), a cache
 # salt or a LoRA adapter's namespace, chains below a page never seen, and malformed events (`PageRuns` raises
 # the CHT's `InvalidPages` or `InvalidTokens`: bigram (EAGLE) pages, tokens that do not fill their pages, page
@@ -150,7 +150,7 @@ RUST_EVENT_PATH = (
     "RustUnifiedTreeCore.take_events",
     "_RustKVCacheEventRecorder.take",
 )
-"""The calls SGLang 0.5.23's `take_events` makes down to the Rust tree core's event queue, by qualified name."""
+"""The calls SGLang 0.5.23's `take_events` makes down to the event queue of SGLang's Rust radix tree, by qualified name."""
 
 
 @dataclass(frozen=True)
@@ -163,15 +163,15 @@ class EventSource:
 
 
 def event_source(tree_cache: Any) -> EventSource:
-    """What drains the cache's KV events, returning what its `take_events` would: on SGLang 0.5.23's Rust tree
-    core, its binding's queue, converted by SGLang's own converter only when it holds events (a drain that
+    """What drains the cache's KV events, returning what its `take_events` would: on SGLang 0.5.23's Rust radix
+    tree, its binding's queue, converted by SGLang's own converter only when it holds events (a drain that
     finds none, most of them, then costs one call into Rust instead of four Python frames: about 10 µs of a
     cold pass); on any other cache, or any other path down to that queue, `take_events` itself."""
-    core = getattr(tree_cache, "tree_core", None)
-    recorder = getattr(core, "kv_events", None)
+    tree_core = getattr(tree_cache, "tree_core", None)
+    recorder = getattr(tree_core, "kv_events", None)
     path = tuple(
         getattr(getattr(type(owner), name, None), "__qualname__", None)
-        for owner, name in ((tree_cache, "take_events"), (core, "take_events"), (recorder, "take"))
+        for owner, name in ((tree_cache, "take_events"), (tree_core, "take_events"), (recorder, "take"))
     )
     binding = getattr(recorder, "_binding", None)
     convert = getattr(sys.modules.get(type(recorder).__module__), "_kv_event_from_tagged", None)

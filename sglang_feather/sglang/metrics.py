@@ -111,12 +111,12 @@ class FeatherMetrics:
         )
         info = Gauge(
             "sglang:feather_info",
-            "1, labelled with the Chunked Hash Tree core in use (core: native, or python, ~26x slower).",
-            labelnames=[*names, "core"],
+            "1, labelled with the Chunked Hash Tree backend in use (cht_backend: native, or python, ~26x slower).",
+            labelnames=[*names, "cht_backend"],
             registry=registry,
             multiprocess_mode="mostrecent",
         )
-        info.labels(**self.labels, core=backend_name()).set(1)
+        info.labels(**self.labels, cht_backend=backend_name()).set(1)
         tracked = Gauge(
             "sglang:feather_tracked_requests",
             "Requests in Feather's Chunked Hash Tree after the last scheduler step, by state (waiting/active).",

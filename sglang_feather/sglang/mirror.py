@@ -15,7 +15,7 @@ from typing import Any
 #
 # SGLang owns the truth: `waiting_queue` (a list of `Req`) and the running batch. The runtime forwards the
 # scheduler's own events, each O(1) plus hashing a new prompt (the tree reads SGLang's `array('q')` of token
-# ids in place; the compiled core hashes it without a copy): a request entering the waiting queue
+# ids in place; the compiled tree hashes it without a copy): a request entering the waiting queue
 # (`queued`: a new one is enqueued with `origin_input_ids + output_ids`; a known running one was retracted and
 # waits again with its grown prompt, keeping its arrival time; a `Req` object that replaces a known one with
 # the same rid starts over), and a request leaving for good (`left`: finished or aborted, in whatever state).

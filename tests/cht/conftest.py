@@ -1,4 +1,4 @@
-"""Every CHT test runs against both cores; the compiled one must be built unless SGLANG_FEATHER_CHT=python."""
+"""Every CHT test runs against either tree; the compiled one must be built unless SGLANG_FEATHER_CHT=python."""
 
 import os
 
@@ -12,20 +12,20 @@ def native_tree():
         from sglang_feather.cht.native import NativeTree
     except ImportError as err:
         if os.environ.get("SGLANG_FEATHER_CHT", "").strip().lower() == "python":
-            pytest.skip("SGLANG_FEATHER_CHT=python: the compiled core is deliberately not tested")
+            pytest.skip("SGLANG_FEATHER_CHT=python: the compiled tree is deliberately not tested")
         pytest.fail(
-            f"the compiled CHT core is not built ({err}): run `make setup` or `pip install -e .`, or set "
-            "SGLANG_FEATHER_CHT=python to test the Python core alone"
+            f"the compiled Chunked Hash Tree is not built ({err}): run `make setup` or `pip install -e .`, or set "
+            "SGLANG_FEATHER_CHT=python to test the Python tree alone"
         )
     return NativeTree
 
 
-CORES = {"python": lambda: PythonTree, "native": native_tree}
+BACKENDS = {"python": lambda: PythonTree, "native": native_tree}
 
 
-@pytest.fixture(params=list(CORES))
+@pytest.fixture(params=list(BACKENDS))
 def tree_cls(request):
-    return CORES[request.param]()
+    return BACKENDS[request.param]()
 
 
 @pytest.fixture

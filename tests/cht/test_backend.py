@@ -1,4 +1,4 @@
-"""Core selection: SGLANG_FEATHER_CHT, read once at import; the Python core when the extension is absent."""
+"""Backend selection: SGLANG_FEATHER_CHT, read once at import; the Python tree when the extension is absent."""
 
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-HIDE_EXTENSION = "import sys; sys.modules['sglang_feather.cht._native._core'] = None\n"
+HIDE_EXTENSION = "import sys; sys.modules['sglang_feather.cht._native._tree'] = None\n"
 REPORT = "import sglang_feather.cht as c; print(c.backend_name(), c.ChunkedHashTree.__name__)"
 
 
@@ -17,7 +17,7 @@ def run(code, env_value=None):
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
 
 
-def test_auto_picks_the_compiled_core_when_built(native_cls):
+def test_auto_picks_the_compiled_tree_when_built(native_cls):
     assert run(REPORT).stdout.split() == ["native", "NativeTree"]
 
 
@@ -40,7 +40,7 @@ def test_absent_extension_with_native_forced_fails_loudly():
     done = run(HIDE_EXTENSION + REPORT, "native")
     assert (
         done.returncode != 0
-        and "SGLANG_FEATHER_CHT=native but the compiled CHT core is not built" in done.stderr
+        and "SGLANG_FEATHER_CHT=native but the compiled Chunked Hash Tree is not built" in done.stderr
     )
 
 
@@ -49,7 +49,7 @@ def test_unknown_value_refused():
     assert done.returncode != 0 and "expected python, native or auto" in done.stderr
 
 
-def test_fallback_core_runs_a_workload():
+def test_fallback_tree_runs_a_workload():
     code = (
         HIDE_EXTENSION
         + "from sglang_feather.cht import ChunkedHashTree\n"
@@ -61,16 +61,16 @@ def test_fallback_core_runs_a_workload():
     assert done.stdout.split() == ["b", "1"]
 
 
-def test_the_python_core_is_a_warning_at_startup():
+def test_the_python_tree_is_a_warning_at_startup():
     done = run("import logging; logging.basicConfig()\n" + HIDE_EXTENSION + REPORT)
     assert done.returncode == 0, done.stderr
-    assert "WARNING:sglang_feather.cht.backend:Chunked Hash Tree core: python" in done.stderr
+    assert "WARNING:sglang_feather.cht.backend:Chunked Hash Tree backend: python" in done.stderr
     assert "26x slower" in done.stderr
 
 
-def test_the_python_core_warns_even_with_logging_unconfigured():
+def test_the_python_tree_warns_even_with_logging_unconfigured():
     done = run(REPORT, "python")
-    assert "Chunked Hash Tree core: python (forced by SGLANG_FEATHER_CHT=python)" in done.stderr
+    assert "Chunked Hash Tree backend: python (forced by SGLANG_FEATHER_CHT=python)" in done.stderr
 
 
 METRIC = (
@@ -78,18 +78,19 @@ METRIC = (
     "from sglang_feather.sglang.metrics import FeatherMetrics\n"
     "registry = CollectorRegistry()\n"
     "FeatherMetrics({'model_name': 'tiny'}, registry=registry)\n"
-    "for core in ('native', 'python'):\n"
-    "    print(core, registry.get_sample_value('sglang:feather_info', {'model_name': 'tiny', 'core': core}))\n"
+    "for backend in ('native', 'python'):\n"
+    "    labels = {'model_name': 'tiny', 'cht_backend': backend}\n"
+    "    print(backend, registry.get_sample_value('sglang:feather_info', labels))\n"
 )
 
 
-def test_the_info_metric_names_the_python_core():
+def test_the_info_metric_names_the_python_tree():
     done = run(HIDE_EXTENSION + METRIC)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["native", "None", "python", "1.0"]
 
 
-def test_the_info_metric_names_the_compiled_core(native_cls):
+def test_the_info_metric_names_the_compiled_tree(native_cls):
     done = run(METRIC)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["native", "1.0", "python", "None"]

@@ -1,4 +1,4 @@
-"""The cache tier: what the engine's KV cache holds ranks requests, on both cores, from store/remove/clear events."""
+"""The cache tier: what the engine's KV cache holds ranks requests, on both trees, from store/remove/clear events."""
 
 import pytest
 

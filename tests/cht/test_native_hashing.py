@@ -1,4 +1,4 @@
-"""The compiled core hashes prompts itself: its digests must equal `chunk_hashes` (the xxhash package)."""
+"""The compiled tree hashes prompts itself: its digests must equal `chunk_hashes` (the xxhash package)."""
 
 from array import array
 
@@ -16,27 +16,27 @@ from sglang_feather.cht import (
 
 
 @pytest.fixture
-def core(native_cls):
-    from sglang_feather.cht._native import _core
+def native(native_cls):
+    from sglang_feather.cht._native import _tree
 
-    return _core
+    return _tree
 
 
 @pytest.mark.parametrize("num_tokens", [1, 3, 7, 8, 31, 32, 33, 64, 100, 1000, 10240])
 @pytest.mark.parametrize("chunk_size", [1, 2, 7, 8, 64, 100])
-def test_digests_equal_the_python_hashing(core, num_tokens, chunk_size):
+def test_digests_equal_the_python_hashing(native, num_tokens, chunk_size):
     tokens = (np.arange(num_tokens, dtype=np.int64) * 7919 + 13) % 50_000
     expected = chunk_hashes(tokens, chunk_size)
-    assert core.chunk_hashes(tokens, chunk_size, 0) == expected
-    assert core.chunk_hashes(tokens.astype(np.uint32), chunk_size, 0) == expected
-    assert core.chunk_hashes(array("q", tokens.tolist()), chunk_size, 0) == expected
+    assert native.chunk_hashes(tokens, chunk_size, 0) == expected
+    assert native.chunk_hashes(tokens.astype(np.uint32), chunk_size, 0) == expected
+    assert native.chunk_hashes(array("q", tokens.tolist()), chunk_size, 0) == expected
 
 
-def test_seeds_and_strided_buffers(core):
+def test_seeds_and_strided_buffers(native):
     tokens = np.arange(2000, dtype=np.int64)
     seed = namespace_seed("lora-a")
-    assert core.chunk_hashes(tokens.astype(np.int32), 64, seed) == chunk_hashes(tokens, 64, "lora-a")
-    assert core.chunk_hashes(tokens[::3], 16, 0) == chunk_hashes(tokens[::3].copy(), 16)
+    assert native.chunk_hashes(tokens.astype(np.int32), 64, seed) == chunk_hashes(tokens, 64, "lora-a")
+    assert native.chunk_hashes(tokens[::3], 16, 0) == chunk_hashes(tokens[::3].copy(), 16)
 
 
 def test_tree_insert_uses_the_same_digests(native_cls):
@@ -52,7 +52,7 @@ DTYPES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint6
 @pytest.mark.parametrize("dtype", [">i2", ">u4", ">i8", ">u8"])
 def test_other_byte_orders_are_read_by_value(native_cls, dtype):
     """A big-endian numpy array is not read in place (its bytes are not the ids): the insert packs it the
-    way the Python core does, so both cores agree on its digests and on refusing a negative id."""
+    way the Python tree does, so both trees agree on its digests and on refusing a negative id."""
     tokens = np.array([1, 2, 3, 7, 250, 9], dtype=dtype)
     for tree_cls in (PythonTree, native_cls):
         tree = tree_cls(chunk_size=2)
@@ -65,14 +65,14 @@ def test_other_byte_orders_are_read_by_value(native_cls, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("num_tokens", [1, 9, 63, 64, 65, 1001])
-def test_every_integer_width_is_read_in_place(core, dtype, num_tokens):
+def test_every_integer_width_is_read_in_place(native, dtype, num_tokens):
     info = np.iinfo(dtype)
     high = min(int(info.max), 2**32 - 1)
     tokens = np.random.default_rng(num_tokens).integers(0, high, size=num_tokens, endpoint=True).astype(dtype)
     expected = chunk_hashes(tokens.astype(np.int64), 7)
-    assert core.chunk_hashes(tokens, 7, 0) == expected
-    assert core.chunk_hashes(tokens[::-1], 7, 0) == chunk_hashes(tokens[::-1].astype(np.int64), 7)
-    assert core.chunk_hashes(np.repeat(tokens, 2)[::2], 7, 0) == expected
+    assert native.chunk_hashes(tokens, 7, 0) == expected
+    assert native.chunk_hashes(tokens[::-1], 7, 0) == chunk_hashes(tokens[::-1].astype(np.int64), 7)
+    assert native.chunk_hashes(np.repeat(tokens, 2)[::2], 7, 0) == expected
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64"])
@@ -100,16 +100,16 @@ def test_an_id_at_or_above_2_32_is_refused(native_cls, at):
 
 
 @pytest.mark.parametrize("num_words", [0, 1, 7, 8, 9, 1000, 10240])
-def test_read_words_is_the_xor_of_the_buffer(core, num_words):
+def test_read_words_is_the_xor_of_the_buffer(native, num_words):
     words = np.random.default_rng(num_words).integers(0, 2**63, size=num_words, dtype=np.int64)
     expected = int(np.bitwise_xor.reduce(words.view(np.uint64))) if num_words else 0
-    assert core.read_words(words) == expected
-    assert core.read_words(array("q", words.tolist())) == expected
+    assert native.read_words(words) == expected
+    assert native.read_words(array("q", words.tolist())) == expected
 
 
-def test_read_words_refuses_strided_buffers(core):
+def test_read_words_refuses_strided_buffers(native):
     with pytest.raises(ValueError, match="contiguous"):
-        core.read_words(np.arange(16, dtype=np.int64)[::2])
+        native.read_words(np.arange(16, dtype=np.int64)[::2])
 
 
 @pytest.mark.parametrize(
@@ -133,8 +133,8 @@ def test_read_words_refuses_strided_buffers(core):
     ids=repr,
 )
 def test_lists_are_read_like_token_bytes(native_cls, tokens):
-    """Lists and tuples of ints are packed in the core (other items and sequences go through `token_bytes`):
-    the same digests, or the same error, as the Python core."""
+    """Lists and tuples of ints are packed in the compiled tree (other items and sequences go through `token_bytes`):
+    the same digests, or the same error, as the Python tree."""
     outcomes = []
     for tree_cls in (PythonTree, native_cls):
         tree = tree_cls(chunk_size=2)
@@ -154,7 +154,7 @@ def _raising(*values):
 def _outcome(method, *args):
     try:
         return ("ok", method(*args))
-    except Exception as err:  # the type is what both cores must agree on
+    except Exception as err:  # the type is what both trees must agree on
         return (type(err).__name__,)
 
 
@@ -239,7 +239,7 @@ def test_an_iterator_that_raises_changes_nothing(native_cls):
 
 
 def test_none_is_a_request_id_and_not_a_hash_list(native_cls):
-    """The compiled core's arguments accept None as the Python core's do."""
+    """The compiled tree's arguments accept None as the Python tree's do."""
     for tree_cls in (PythonTree, native_cls):
         tree = tree_cls(chunk_size=2)
         with pytest.raises(HashChainError):

@@ -1,4 +1,4 @@
-"""The compiled core stores a prompt's private chunks as one tail node; every result must stay the Python core's."""
+"""The compiled tree stores a prompt's private chunks as one tail node; every result must stay the Python tree's."""
 
 from array import array
 
@@ -12,7 +12,7 @@ CHUNK = 4
 
 
 def observe(tree, rids):
-    """Everything a caller can read of the tree, for comparing the two cores."""
+    """Everything a caller can read of the tree, for comparing the two trees."""
     live = [rid for rid in rids if rid in tree]
     waiting = [rid for rid in live if tree.state(rid).name == "WAITING" and not tree.is_suspended(rid)]
     return {
@@ -74,23 +74,23 @@ def test_a_refused_chain_through_a_tail_changes_nothing(native_cls):
     tree.check_invariants()
 
 
-@pytest.mark.parametrize("core", ["python", "native"])
-def test_engine_hashes_after_token_prompts_are_checked_against_every_chunk(native_cls, core):
-    """Token prompts leave their tails' later chunks out of the compiled core's index; the first engine-hash
-    insert indexes them, so a misplaced hash from one of them is refused by both cores alike."""
-    tree = (PythonTree if core == "python" else native_cls)(CHUNK)
+@pytest.mark.parametrize("backend", ["python", "native"])
+def test_engine_hashes_after_token_prompts_are_checked_against_every_chunk(native_cls, backend):
+    """Token prompts leave their tails' later chunks out of the compiled tree's index; the first engine-hash
+    insert indexes them, so a misplaced hash from one of them is refused by both trees alike."""
+    tree = (PythonTree if backend == "python" else native_cls)(CHUNK)
     tokens = list(range(40 * CHUNK))
     tree.insert("a", array("q", tokens))
     tree.insert("b", array("q", tokens[: 20 * CHUNK] + [7] * CHUNK))
     hashes = chunk_hashes(tokens, CHUNK)
-    if core == "native":
+    if backend == "native":
         assert not tree._tails_indexed
     with pytest.raises(HashChainError):
         tree.insert_hashes("c", [hashes[0], hashes[30]])  # a tail's 30th chunk at depth 2
     with pytest.raises(HashChainError):
         tree.insert_hashes("d", [123, hashes[25]])
     tree.insert_hashes("e", hashes[:35] + [99])  # splits a's tail, now with every chunk indexed
-    if core == "native":
+    if backend == "native":
         assert tree._tails_indexed
     tree.check_invariants()
     assert tree.path_hashes("e")[:35] == tuple(hashes[:35])
@@ -102,7 +102,7 @@ def _digests(*values):
 
 def test_a_digest_collision_is_refused_where_the_chunk_is_first_indexed(native_cls):
     """What not indexing tails' later chunks gives up, reached through the tests-only `_insert_digests` (no
-    real pair of prompts collides): a digest equal to a tail's later chunk is accepted (the Python core
+    real pair of prompts collides): a digest equal to a tail's later chunk is accepted (the Python tree
     refuses it), then refused, with nothing changed, by the insert that would split the tail there and by the
     switch to indexing every chunk; both go through once the colliding request is gone."""
     tree = native_cls(CHUNK)
@@ -132,7 +132,7 @@ def test_a_digest_collision_is_refused_where_the_chunk_is_first_indexed(native_c
 
 def test_a_store_into_a_tail_splits_it_where_the_cached_run_ends(native_cls):
     """The engine reports a prefix after the request holding it was enqueued: the cached chunks leave the
-    tail as ordinary nodes (and come back to coverage on both cores alike); an eviction changes no node."""
+    tail as ordinary nodes (and come back to coverage on both trees alike); an eviction changes no node."""
     tree, reference = native_cls(CHUNK), PythonTree(CHUNK)
     tokens = list(range(40 * CHUNK))
     hashes = chunk_hashes(tokens, CHUNK)

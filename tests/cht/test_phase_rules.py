@@ -184,9 +184,9 @@ class TestPrefixOrder:
 
     def test_prefix_order_reads_a_few_path_entries_per_request_not_whole_paths(self):
         """No per-request O(n) work on the same batch: a group is split by a binary search along one path, so
-        over the 2 branching levels the Python core reads about 4 path entries per request (2178 in all,
+        over the 2 branching levels the Python tree reads about 4 path entries per request (2178 in all,
         both sides of each comparison counted), where comparing whole paths reads R x n = 80,384. The
-        compiled core runs the same algorithm (and returns the same order, above)."""
+        compiled tree runs the same algorithm (and returns the same order, above)."""
         tree = PythonTree()
         for rid in range(512):
             tree.insert_hashes(rid, chain(rid % 8, 157, tail_id=rid, shared=94))
@@ -214,9 +214,9 @@ class TestPrefixOrder:
 class TestBoundedIndexes:
     @pytest.mark.slow
     def test_100k_requests_keep_the_indexes_bounded_and_memory_flat(self, tree_cls):
-        """tracemalloc sees Python allocations only: for the compiled core, the id map of the wrapper; its
-        C++ heaps are covered by `num_index_entries` (and the core frees a node's heaps with the node). The
-        pure-Python core, whose every index tracemalloc sees, runs 40K requests (10K traced): the same
+        """tracemalloc sees Python allocations only: for the compiled tree, the id map of the wrapper; its
+        C++ heaps are covered by `num_index_entries` (and the compiled tree frees a node's heaps with the node). The
+        Python tree, whose every index tracemalloc sees, runs 40K requests (10K traced): the same
         bounds at about a third of the CPU (100K took 195 s of a CI run)."""
         traced_end, end = (40_000, 100_000) if tree_cls is not PythonTree else (20_000, 40_000)
         rng = random.Random(0)

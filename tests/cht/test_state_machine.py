@@ -46,7 +46,7 @@ class TreeVsReference(RuleBasedStateMachine):
 
     @rule(tokens=prompts)
     def insert_engine_hashes(self, tokens):
-        """The same chain as an engine's hashes (the compiled core then indexes every chunk of every tail)."""
+        """The same chain as an engine's hashes (the compiled tree then indexes every chunk of every tail)."""
         hashes = chunk_hashes(tokens, CHUNK)
         assert self.tree.insert_hashes(self.next_id, hashes) == self.ref.insert_hashes(self.next_id, hashes)
         self.next_id += 1
@@ -219,10 +219,10 @@ class TreeVsReference(RuleBasedStateMachine):
 
 
 MAX_EXAMPLES = 100 if os.environ.get("FEATHER_TEST_FAST") == "1" else 200
-"""`make test` runs 200 sequences per core (300 took 201 s and 147 s of a 21-minute CI run); `make test-fast`
+"""`make test` runs 200 sequences per tree (300 took 201 s and 147 s of a 21-minute CI run); `make test-fast`
 (FEATHER_TEST_FAST=1) 100. The deeper runs of the
 same comparison are `make test` and the seeded stress run against the same reference (`make stress`: 1M
-operations; tests/cht/test_stress.py: 30k per seed and core)."""
+operations; tests/cht/test_stress.py: 30k per seed and tree)."""
 
 SETTINGS = settings(
     max_examples=MAX_EXAMPLES,

@@ -57,7 +57,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "cluster_demo": frozenset({"demo", "serving", "workload"}),
 }
 """Layer -> the layers its modules may import (any import, lazy or for type checking only). Bottom up: the
-core data types and declared options; the CHT, the stoppers and the admission component; the workload spec;
+shared data types and declared options; the CHT, the stoppers and the admission component; the workload spec;
 the engine adapters; then the tooling: `measure` (what both benchmark sides share), `offline` (real SGLang
 objects on CPU and vLLM's model-free harness, driven by `sim` and `bench`), the simulator, the benchmarks
 (`bench vllm-admission` replays the simulator's workload generators on vLLM's harness), the live-server harness and the
@@ -333,7 +333,7 @@ def test_importing_reaches_an_engine_only_inside_a_function(start):
 
 
 def is_submodule(package: str, name: str) -> bool:
-    """A Python submodule, or a compiled extension (`_core`) built from the C++ sources in the package."""
+    """A Python submodule, or a compiled extension (`_tree`) built from the C++ sources in the package."""
     directory = MODULES[package].parent
     compiled = name.startswith("_") and any(directory.glob("*.cpp"))
     return f"{package}.{name}" in MODULES or (MODULES[package].name == "__init__.py" and compiled)

@@ -137,9 +137,9 @@ def test_a_value_means_the_same_on_every_surface(name, tmp_path):
 @pytest.mark.parametrize("name", list(OPTIONS))
 def test_an_invalid_value_names_the_flag_or_key_the_user_wrote(name, capsys):
     text, value = INVALID[name]
-    with pytest.raises(ConfigError, match=rf"^{name} ") as core:
+    with pytest.raises(ConfigError, match=rf"^{name} ") as refused:
         AdmissionConfig(**{name: value})
-    problem = core.value.problem
+    problem = refused.value.problem
     if text is not None:
         with pytest.raises(sglang_options.FeatherOptionsError) as err:
             _sglang([flag(name), text])

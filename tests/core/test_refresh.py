@@ -1,4 +1,4 @@
-"""Which waiting requests' cached prefixes the engine refreshes, in what order: a brute-force reference, both cores."""
+"""Which waiting requests' cached prefixes the engine refreshes, in what order: a brute-force reference, either tree."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from sglang_feather.cht import PythonTree
 from sglang_feather.cht.native import NativeTree
 
 CHUNK = 4
-CORES = {"python": PythonTree, "native": NativeTree}
+TREES = {"python": PythonTree, "native": NativeTree}
 
 
 def _prompt(shape: tuple[int, ...]) -> np.ndarray:
@@ -51,14 +51,14 @@ def reference(prompts, running, cached, queue):
 shapes = st.lists(st.integers(0, 2), min_size=1, max_size=4).map(tuple)
 
 
-@pytest.mark.parametrize("core", list(CORES))
+@pytest.mark.parametrize("backend", list(TREES))
 @settings(max_examples=80, deadline=None)
 @given(
     prompts=st.lists(shapes, min_size=1, max_size=10),
     data=st.data(),
 )
-def test_matches_the_reference(core, prompts, data):
-    tree = CORES[core](CHUNK)
+def test_matches_the_reference(backend, prompts, data):
+    tree = TREES[backend](CHUNK)
     ids = {f"r{i}": p for i, p in enumerate(prompts)}
     for rid, shape in ids.items():
         tree.insert(rid, _prompt(shape))

@@ -1,4 +1,4 @@
-"""SGLang's own KV events, from a real UnifiedRadixCache on the Rust tree core, keep the cache tier exact."""
+"""SGLang's own KV events, from a real UnifiedRadixCache on SGLang's Rust radix tree, keep the cache tier exact."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ CHUNK = 8
 
 
 def cache_with_events(page_size: int, num_tokens: int = 4096, kind: str = "unified"):
-    """A tree cache recording KV events: the server's (`UnifiedRadixCache`, Rust tree core) or SGLang's
+    """A tree cache recording KV events: the server's (`UnifiedRadixCache`, SGLang's Rust radix tree) or SGLang's
     Python `RadixCache`."""
     return make_radix_cache(page_size=page_size, num_kv_tokens=num_tokens, kind=kind, kv_events=True)
 
@@ -53,8 +53,8 @@ prompts = st.lists(
 @given(ops=st.lists(st.tuples(prompts, st.integers(0, 200)), min_size=1, max_size=4))
 def test_the_tier_agrees_with_the_cache_match_on_every_prompt(kind, page_size, ops):
     """After any inserts and evictions, a prompt's cached depth in the tier is the cache's own match in whole
-    chunks (the equivalence the in-flight check relies on instead of a match per candidate), on both tree
-    cores (the Rust one reports a node per event, the Python one a page)."""
+    chunks (the equivalence the in-flight check relies on instead of a match per candidate), on both of SGLang's
+    radix trees (the Rust one reports a node per event, the Python one a page)."""
     cache = cache_with_events(page_size, kind=kind)
     assert events_enabled(cache)
     admission = Admission.from_config(
@@ -94,8 +94,8 @@ def test_the_publisher_still_gets_every_event():
     assert "take_events" not in cache.__dict__
 
 
-def test_the_rust_cores_queue_is_drained_directly_with_the_events_take_events_returns():
-    """On the cache a 0.5.23 server builds, the tap drains the Rust core's queue itself (one call when it is
+def test_the_rust_radix_trees_queue_is_drained_directly_with_the_events_take_events_returns():
+    """On the cache a 0.5.23 server builds, the tap drains the queue of SGLang's Rust radix tree itself (one call when it is
     empty) and gets exactly what `take_events` would: twin caches, the same inserts and evictions."""
     fast, public = cache_with_events(page_size=4), cache_with_events(page_size=4)
     assert event_source(fast).convert is not None, (

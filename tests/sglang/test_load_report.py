@@ -70,7 +70,7 @@ def test_the_report_counts_what_the_cht_does_not_cover():
 
 
 def test_without_feather_sglang_estimates_the_report_from_the_recent_hit_rate():
-    """SGLang's own predicate for the fcfs base Feather runs as: the server's tree cache (Rust core) does not
+    """SGLang's own predicate for the fcfs base Feather runs as: the server's tree cache (SGLang's Rust radix tree) does not
     match fast, so SGLang reports `seqlen * (1 - recent hit rate)` per waiting request, whatever it shares."""
     _cache, policy, waiting = scenario()
     base = sglang_schedule_policy().waiting_queue_prefix_matched

@@ -1,4 +1,4 @@
-"""The offline tools' prefix cache is the one a server builds: SGLang's factory, UnifiedRadixCache, Rust core."""
+"""The offline tools' prefix cache is the one a server builds: SGLang's factory, UnifiedRadixCache, its Rust radix tree."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _matched(cache, tokens) -> int:
     return cache.match_prefix(MatchPrefixParams(key=RadixKey(token_ids(tokens)))).device_prefix_len
 
 
-def test_the_default_cache_is_a_unified_radix_cache_on_the_rust_core():
+def test_the_default_cache_is_a_unified_radix_cache_on_the_rust_radix_tree():
     cache = make_radix_cache([FIRST, SECOND])
     assert isinstance(cache, UnifiedRadixCache)
     assert isinstance(cache.tree_core, RustUnifiedTreeCore)
@@ -53,7 +53,7 @@ def test_the_python_kind_is_sglangs_older_radix_cache():
     assert _matched(cache, FIRST) == len(FIRST)
 
 
-def test_a_cache_not_on_the_rust_core_is_refused(monkeypatch):
+def test_a_cache_not_on_the_rust_radix_tree_is_refused(monkeypatch):
     monkeypatch.setenv("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "python")
     with pytest.raises(
         RuntimeError, match=r"UnifiedRadixCache \(UnifiedTreeCore\), not .*RustUnifiedTreeCore"

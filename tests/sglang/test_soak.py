@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_feather.admission import core as admission_core
+from sglang_feather.admission import component as admission_component
 from sglang_feather.bench import cht_side
 from sglang_feather.cht.nodes import COMPACT_MIN
 from sglang_feather.offline.soak import SoakConfig, run_soak
@@ -20,10 +20,10 @@ CONFIG = SoakConfig(
 )
 
 
-@pytest.mark.parametrize("core", list(cht_side.cores()))
-def test_soak_memory_is_flat_and_every_index_drains(core, monkeypatch):
-    # The Python core's memory is visible to tracemalloc; the compiled one's only to its own counters.
-    monkeypatch.setattr(admission_core, "ChunkedHashTree", cht_side.cores()[core])
+@pytest.mark.parametrize("backend", list(cht_side.backends()))
+def test_soak_memory_is_flat_and_every_index_drains(backend, monkeypatch):
+    # The Python tree's memory is visible to tracemalloc; the compiled one's only to its own counters.
+    monkeypatch.setattr(admission_component, "new_tree", cht_side.backends()[backend])
     result = run_soak(CONFIG)
 
     assert result.num_finished + result.num_aborted == CONFIG.num_requests

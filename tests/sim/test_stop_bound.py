@@ -38,7 +38,7 @@ class Recorder(PolicyBase):
 
 def test_the_stopper_sees_the_pools_headroom_shrink_as_the_pass_admits(monkeypatch):
     recorder = Recorder()
-    monkeypatch.setattr("sglang_feather.admission.core.make_policy", lambda *a, **k: recorder)
+    monkeypatch.setattr("sglang_feather.admission.component.make_policy", lambda *a, **k: recorder)
     requests = small_gsp(num_groups=4, prompts_per_group=5)
     run(requests, h200_cost(), "feather", EngineConfig(kv_capacity_tokens=60_000))
     rooms = [o.kv_free_fraction for o in recorder.seen]

@@ -1,1 +1,1 @@
-"""The compiled Chunked Hash Tree core (C++17, nanobind); built by `pip install -e .` / `make setup`."""
+"""The compiled Chunked Hash Tree (C++17, nanobind); built by `pip install -e .` / `make setup`."""

@@ -1,11 +1,11 @@
-// core.cpp's part: the cache tier, what the engine's KV cache holds as its store / remove / clear events tell it.
+// tree.cpp's part: the cache tier, what the engine's KV cache holds as its store / remove / clear events tell it.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "containers.h"
-#include "core_status.h"
+#include "tree_status.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// core.cpp's part: heap keys and entries, the small-array allocator, the chunk-hash index and the slab.
+// tree.cpp's part: heap keys and entries, the small-array allocator, the chunk-hash index and the slab.
 #pragma once
 
 #include <algorithm>
@@ -7,7 +7,7 @@
 #include <new>
 #include <vector>
 
-#include "core_status.h"
+#include "tree_status.h"
 #include "memory.h"
 
 namespace {

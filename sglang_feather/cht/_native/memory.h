@@ -1,4 +1,4 @@
-// Memory for large arrays in the CHT core (core.cpp, containers.h): huge-page
+// Memory for large arrays in the compiled tree (tree.cpp, containers.h): huge-page
 // mappings where Linux offers them (mmap + madvise MADV_HUGEPAGE), the aligned allocator elsewhere, and an
 // array that starts all zero without writing it; and a prefetch hint.
 #pragma once

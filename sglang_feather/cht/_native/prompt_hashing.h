@@ -1,4 +1,4 @@
-// core.cpp's part: prompts hashed into cumulative chunk digests, and token ids and chunk hashes read from Python.
+// tree.cpp's part: prompts hashed into cumulative chunk digests, and token ids and chunk hashes read from Python.
 #pragma once
 
 #include <Python.h>
@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "core_status.h"
+#include "tree_status.h"
 #include "memory.h"
 #include "xxh64.h"
 
@@ -147,7 +147,7 @@ bool hash_typed(const char* base, size_t n, Py_ssize_t stride, size_t chunk, uin
 }
 
 // Buffers (array.array, numpy) read in place: 1-D, integer ids or hashes in native byte order. Anything else
-// (a big-endian dtype, floats, 2-D) gets NOT_IN_PLACE and goes the way the Python core takes it.
+// (a big-endian dtype, floats, 2-D) gets NOT_IN_PLACE and goes the way the Python tree takes it.
 constexpr int64_t NOT_IN_PLACE = 1;
 
 struct IntFormat {

@@ -1,4 +1,4 @@
-// xxh64 over 4-byte little-endian token ids, the pieces the CHT core (core.cpp, prompt_hashing.h) shares:
+// xxh64 over 4-byte little-endian token ids, the pieces the compiled tree (tree.cpp, prompt_hashing.h) shares:
 // the primes, one round, the four accumulators and a digest's finalisation.
 #pragma once
 

@@ -1,4 +1,4 @@
-// core.cpp's part: the constants its parts share (the empty handle, the compaction floor) and its status codes.
+// tree.cpp's part: the constants its parts share (the empty handle, the compaction floor) and its status codes.
 #pragma once
 
 #include <cstddef>

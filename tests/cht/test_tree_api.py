@@ -1,4 +1,4 @@
-"""Both cores hold one API: the same public methods and signatures, the same results and errors on the same
+"""Both trees hold one API: the same public methods and signatures, the same results and errors on the same
 operation streams (every public method, the cache tier included), and the same CHT error for each bad input."""
 
 import ast
@@ -37,7 +37,7 @@ def public_names(cls):
 
 def parameters(function):
     """(name, kind, default) of each parameter: from `inspect` for Python methods, from the signature text
-    nanobind records for the compiled core's own methods."""
+    nanobind records for the compiled tree's own methods."""
     try:
         return [(p.name, p.kind.name, p.default) for p in inspect.signature(function).parameters.values()]
     except ValueError:
@@ -55,7 +55,7 @@ def parameters(function):
     return found
 
 
-def test_both_cores_have_the_same_public_methods_and_signatures(native_cls):
+def test_both_trees_have_the_same_public_methods_and_signatures(native_cls):
     names = public_names(PythonTree)
     assert names == public_names(native_cls)
     for name in sorted(names):
@@ -69,7 +69,7 @@ def test_both_cores_have_the_same_public_methods_and_signatures(native_cls):
 # ------------------------------------------------------------------------------------------ operation streams
 
 QUERIES = ("num_active", "num_waiting", "num_suspended", "num_nodes", "num_cached", "shared_depth")
-"""Properties compared after every step (`num_index_entries` is each core's own diagnostic: only its type)."""
+"""Properties compared after every step (`num_index_entries` is each tree's own diagnostic: only its type)."""
 
 IDS = [None, 0, 1, 2, 3, 4, "a", "b", ("t", 1), 2.5, "c", "d", "e", "f", "g", "h"]
 
@@ -157,7 +157,7 @@ class Stream:
 def outcome(tree, name, args, kwargs):
     try:
         result = getattr(tree, name)(*args, **kwargs)
-    except Exception as err:  # compared by class: each core must raise the same one
+    except Exception as err:  # compared by class: each tree must raise the same one
         return ("error", type(err))
     if inspect.isgenerator(result) or name in ("waiting_ids", "active_ids"):
         return ("ok", list(result))
@@ -179,7 +179,7 @@ def observe(tree):
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_both_cores_agree_on_every_call_of_a_stream(native_cls, seed):
+def test_both_trees_agree_on_every_call_of_a_stream(native_cls, seed):
     stream = Stream(seed)
     python, native = PythonTree(4), native_cls(4)
     counts = {}
@@ -277,7 +277,7 @@ BAD_INPUT = {
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUT))
-def test_bad_input_raises_the_same_error_on_both_cores_and_changes_nothing(tree_cls, case):
+def test_bad_input_raises_the_same_error_on_both_trees_and_changes_nothing(tree_cls, case):
     call, error = BAD_INPUT[case]
     tree = tree_cls(chunk_size=2)
     tree.insert("w", [1, 2, 3, 4, 5])
@@ -349,7 +349,7 @@ def test_take_picks_activates_all_but_the_last_and_skips_prefixes_that_run_uncac
 
 
 def test_compiled_candidates_hold_their_request_ids_and_values_once(native_cls):
-    """The compiled core writes a `Candidate`'s fields straight into its slots: each holds one reference to
+    """The compiled tree writes a `Candidate`'s fields straight into its slots: each holds one reference to
     its request id and values, so building and dropping candidates leaves every reference count as it was."""
     rid = "request-" + str(object())  # a fresh string: no other code holds it
     tree, twin = native_cls(chunk_size=2), PythonTree(chunk_size=2)

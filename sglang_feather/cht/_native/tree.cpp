@@ -1,4 +1,4 @@
-// The Chunked Hash Tree's compiled core: the same algorithm as sglang_feather/cht/tree.py, on a slab.
+// The compiled Chunked Hash Tree: the same algorithm as sglang_feather/cht/tree.py, on a slab.
 //
 // How it works. Nodes live in a slab (u32 ids, slot 0 is the root) with a generation counter per slot, so a
 // lazy heap entry that names a released slot is recognised as stale, exactly like an entry that names a dead
@@ -6,7 +6,7 @@
 // deletion, keys mixed so that small or sequential hashes spread). Requests live in a second slab; the Python
 // wrapper keeps the mapping from any hashable request id to the u32 handle. The ranking, the lazy lower-bound
 // heaps, the stranger heap, suspension, compaction thresholds and the invariant checker mirror tree.py (same
-// names), so the two cores give identical results; tests run both against the reference model. One
+// names), so the two trees give identical results; tests run both against the reference model. One
 // difference in representation: the chunks only one request holds, at the end of its path, are one *tail*
 // node here until another prompt shares them (see `Node`), where tree.py has a node per chunk.
 // The cache tier (`CacheTier`, cache_tier.h) mirrors tree.py's: the chunk hashes the engine's KV cache holds, each with
@@ -47,7 +47,7 @@
 
 #include "cache_tier.h"
 #include "containers.h"
-#include "core_status.h"
+#include "tree_status.h"
 #include "prompt_hashing.h"
 
 // Portability: GCC and Clang on Linux, Apple Clang, MSVC (memory.h says where huge pages are used). Token ids are hashed
@@ -80,7 +80,7 @@ namespace {
 // insert (or a store) matches k of its chunks, `split_tail` gives those k chunks ordinary nodes (the first
 // keeps the tail's id, so its parent's entry stays valid) and the rest stays one tail; each chunk is split off
 // at most once. A tail starts at depth 2 or deeper, so first-level nodes stay ordinary. Node counts, serials
-// and every result are those of the uncompressed tree (the Python core), which tests check.
+// and every result are those of the uncompressed tree (the Python tree), which tests check.
 struct alignas(64) Node {
     uint32_t parent = NIL;
     uint32_t depth = 0;
@@ -131,15 +131,15 @@ struct List {
     uint32_t head = NIL, tail = NIL;
 };
 
-class Core {
+class Tree {
   public:
-    explicit Core(int64_t chunk_size) : chunk_size_(chunk_size), index_(node_gens_) {
+    explicit Tree(int64_t chunk_size) : chunk_size_(chunk_size), index_(node_gens_) {
         nodes_.emplace_back();
         node_gens_.push_back(0);
         nodes_[ROOT].alive = true;
     }
-    Core(const Core&) = delete;
-    Core& operator=(const Core&) = delete;
+    Tree(const Tree&) = delete;
+    Tree& operator=(const Tree&) = delete;
 
     // ------------------------------------------------------------------ queries
 
@@ -228,7 +228,7 @@ class Core {
     // The wrapper's id maps (request id -> handle dict, handle -> request id list), the `Candidate` class and
     // the error classes, so that the per-step calls (best, activate, finish, ...) run here with no Python
     // frame: they look the id up, build the `Candidate` (what the frozen dataclass's own __init__ does,
-    // through object.__setattr__) and raise the same exceptions as the Python core.
+    // through object.__setattr__) and raise the same exceptions as the Python tree.
     void bind(nb::dict handles, nb::list ids, nb::handle candidate_cls, nb::handle unknown, nb::handle transition) {
         handles_ = handles;
         ids_ = ids;
@@ -276,7 +276,7 @@ class Core {
     }
 
     // take_picks(max_picks, skip_running_uncached, max_missing, first) -> (candidates, skipped, skip_ends,
-    // is_exhausted): candidate.py's `take_picks_stepwise` (best / suspend / activate, the Python core's path and
+    // is_exhausted): candidate.py's `take_picks_stepwise` (best / suspend / activate, the Python tree's path and
     // the reference model), with no Python frame per pick; it ends at the pick whose missing chunks bring the
     // picks' sum to `max_missing`. `first` (a waiting request id, or None) is taken before the ranking's picks,
     // or suspended alone when its prefix runs uncached.
@@ -366,7 +366,7 @@ class Core {
 
 
     // What `insert` needs from Python: the buffer types read in place (others are packed by `token_bytes`
-    // first, as the Python core does), `namespace_seed`, and the error classes it raises.
+    // first, as the Python tree does), `namespace_seed`, and the error classes it raises.
     void bind_insert(nb::handle buffers, nb::handle token_bytes, nb::handle namespace_seed, nb::handle duplicate,
                      nb::handle empty, nb::handle invalid_tokens, nb::handle hash_chain, nb::handle invalid_arrival) {
         buffer_types_ = nb::borrow(buffers);
@@ -382,7 +382,7 @@ class Core {
     // insert(request_id, token_ids, *, namespace=None, arrival=None) -> num_chunks: the whole insert, id map
     // included, with no Python frame.
     int64_t insert_id(nb::handle rid, nb::handle tokens, nb::handle ns, nb::handle arrival) {
-        // The Python core's order of checks: the id, the namespace, the arrival, then the token ids.
+        // The Python tree's order of checks: the id, the namespace, the arrival, then the token ids.
         refuse_duplicate(rid);
         uint64_t seed = read_seed(ns);
         double when = 0.0;
@@ -415,7 +415,7 @@ class Core {
         return insert_hashes_as(rid, hashes, arrival, true);
     }
 
-    // Tests only: `insert_hashes` of digests taken as this core's own (the tree keeps not indexing tails'
+    // Tests only: `insert_hashes` of digests taken as this tree's own (the tree keeps not indexing tails'
     // later chunks), to reach the digest-collision paths that no real pair of prompts can.
     int64_t insert_digests_id(nb::handle rid, nb::handle hashes, nb::handle arrival) {
         return insert_hashes_as(rid, hashes, arrival, false);
@@ -801,7 +801,7 @@ class Core {
         throw nb::python_error();
     }
 
-    // Raises the Python core's `InvalidTransition` for a refused call (`code` != OK).
+    // Raises the Python tree's `InvalidTransition` for a refused call (`code` != OK).
     void transition(nb::handle rid, int64_t code, int expected) const {
         if (code == OK) return;
         if (code == ALREADY_SUSPENDED)
@@ -880,7 +880,7 @@ class Core {
         return OK;
     }
 
-    // Records an inserted request's handle under its id; raises the Python core's error for a refused one.
+    // Records an inserted request's handle under its id; raises the Python tree's error for a refused one.
     int64_t added(nb::handle rid, int64_t code) {
         if (code < 0) {
             PyObject* rp = rid.ptr();
@@ -1926,12 +1926,12 @@ class Core {
     std::vector<uint64_t> uncached_;  // hashes a remove or clear event took out of the tier
     std::vector<uint64_t> chain_, chain_sorted_;  // a cache event's hashes; a store's chain, sorted (its repeats)
     // Whether a tail's later chunks are in the index too (its first one always is). A tree fed only token ids
-    // leaves them out: the digests are this core's own cumulative xxh64, so a later chunk of one prompt can
+    // leaves them out: the digests are this tree's own cumulative xxh64, so a later chunk of one prompt can
     // reappear in another prompt only where that prompt shares everything before it, and then the walk reaches
     // it through the tail's first chunk. Their index entries (96 random slots per 10K-token prompt, and most
     // of the table's growth) would only catch a 64-bit digest collision. The first `insert_hashes` (an
     // engine's hashes, which may not be one chain) indexes every tail's chunks and keeps doing so, so that a
-    // repeated or misplaced engine hash is refused exactly as the Python core refuses it. What this gives up:
+    // repeated or misplaced engine hash is refused exactly as the Python tree refuses it. What this gives up:
     // a digest collision between two token prompts is refused when the colliding chunk is first indexed (a
     // split, or that switch), not at the insert that brought it, and a prompt whose own digests collide is
     // accepted; the chance is about n**2 / 2**65 for n chunks in the tree.
@@ -1945,7 +1945,7 @@ class Core {
         if (!(cond)) return (msg);  \
     } while (0)
 
-std::string Core::check() const {
+std::string Tree::check() const {
     std::vector<uint32_t> num_active(nodes_.size(), 0), num_waiting(nodes_.size(), 0);
     size_t count = 0, active = 0, flagged = 0, num_unindexed = 0;
     for (uint32_t h = all_.head; h != NIL; h = reqs_[h].next) {
@@ -2138,9 +2138,9 @@ nb::list chunk_hashes(nb::handle tokens, int64_t chunk_size, uint64_t seed) {
 }  // namespace
 
 
-NB_MODULE(_core, m) {
-    if (!little_endian()) throw nb::import_error("the compiled CHT core hashes little-endian words; this machine is not");
-    m.doc() = "The Chunked Hash Tree's compiled core (see core.cpp); use it through sglang_feather.cht.";
+NB_MODULE(_tree, m) {
+    if (!little_endian()) throw nb::import_error("the compiled Chunked Hash Tree hashes little-endian words; this machine is not");
+    m.doc() = "The compiled Chunked Hash Tree (see tree.cpp); use it through sglang_feather.cht.";
     m.attr("EMPTY") = static_cast<int64_t>(EMPTY);
     m.attr("INVALID_TOKENS") = static_cast<int64_t>(INVALID_TOKENS);
     m.attr("HASH_CHAIN") = static_cast<int64_t>(HASH_CHAIN);
@@ -2152,65 +2152,65 @@ NB_MODULE(_core, m) {
     m.def("chunk_hashes", &chunk_hashes, "tokens"_a, "chunk_size"_a, "seed"_a);
     m.def("read_words", &read_words, "buffer"_a);
     // Public names are the tree's own API (request ids); names with a leading underscore take the u32 handles
-    // the Python subclass (native.NativeTree) maps ids to. Every argument accepts None, as the Python core's do
+    // the Python subclass (native.NativeTree) maps ids to. Every argument accepts None, as the Python tree's do
     // (None is a request id like any hashable; None as hashes is refused as a malformed list). `nb::sig` names
     // the Python types of what a method returns where nanobind cannot see them (the bound `Candidate` class,
     // `ChunkHash`), for the stub the type check generates (scripts/typecheck.sh).
-    nb::class_<Core>(m, "Core")
+    nb::class_<Tree>(m, "Tree")
         .def(nb::init<int64_t>())
-        .def_prop_ro("_num_requests", &Core::num_requests)
-        .def_prop_ro("num_active", &Core::num_active)
-        .def_prop_ro("num_waiting", &Core::num_waiting)
-        .def_prop_ro("num_running_groups", &Core::num_running_groups)
-        .def_prop_ro("num_suspended", &Core::num_suspended)
-        .def_prop_ro("num_nodes", &Core::num_nodes)
-        .def_prop_ro("num_cached", &Core::num_cached)
-        .def_prop_ro("_num_tails", &Core::num_tails)
-        .def_prop_ro("_tails_indexed", &Core::tails_indexed)
-        .def_prop_ro("num_index_entries", &Core::num_index_entries)
-        .def_prop_ro("shared_depth", &Core::shared_depth)
-        .def("_bind", &Core::bind)
-        .def("best", &Core::best, nb::sig("def best(self) -> sglang_feather.cht.candidate.Candidate | None"))
-        .def("_take_picks", &Core::take_picks, nb::arg("max_picks"), nb::arg("skip_running_uncached"),
+        .def_prop_ro("_num_requests", &Tree::num_requests)
+        .def_prop_ro("num_active", &Tree::num_active)
+        .def_prop_ro("num_waiting", &Tree::num_waiting)
+        .def_prop_ro("num_running_groups", &Tree::num_running_groups)
+        .def_prop_ro("num_suspended", &Tree::num_suspended)
+        .def_prop_ro("num_nodes", &Tree::num_nodes)
+        .def_prop_ro("num_cached", &Tree::num_cached)
+        .def_prop_ro("_num_tails", &Tree::num_tails)
+        .def_prop_ro("_tails_indexed", &Tree::tails_indexed)
+        .def_prop_ro("num_index_entries", &Tree::num_index_entries)
+        .def_prop_ro("shared_depth", &Tree::shared_depth)
+        .def("_bind", &Tree::bind)
+        .def("best", &Tree::best, nb::sig("def best(self) -> sglang_feather.cht.candidate.Candidate | None"))
+        .def("_take_picks", &Tree::take_picks, nb::arg("max_picks"), nb::arg("skip_running_uncached"),
              nb::arg("max_missing"), nb::arg("first").none())
-        .def("candidate", &Core::candidate_of, "request_id"_a.none(),
+        .def("candidate", &Tree::candidate_of, "request_id"_a.none(),
              nb::sig("def candidate(self, request_id: object | None) -> sglang_feather.cht.candidate.Candidate"))
-        .def("activate", &Core::activate_id, "request_id"_a.none())
-        .def("deactivate", &Core::deactivate_id, "request_id"_a.none())
-        .def("finish", &Core::finish_id, "request_id"_a.none())
-        .def("remove", &Core::remove_id, "request_id"_a.none())
-        .def("discard", &Core::discard_id, "request_id"_a.none())
-        .def("suspend", &Core::suspend_id, "request_id"_a.none())
-        .def("resume", &Core::resume_id, "request_id"_a.none())
-        .def("resume_all", &Core::resume_all)
-        .def("_state", &Core::state)
-        .def("_is_suspended", &Core::is_suspended)
-        .def("_num_chunks", &Core::num_chunks)
-        .def("_path_hashes", &Core::path_hashes,
+        .def("activate", &Tree::activate_id, "request_id"_a.none())
+        .def("deactivate", &Tree::deactivate_id, "request_id"_a.none())
+        .def("finish", &Tree::finish_id, "request_id"_a.none())
+        .def("remove", &Tree::remove_id, "request_id"_a.none())
+        .def("discard", &Tree::discard_id, "request_id"_a.none())
+        .def("suspend", &Tree::suspend_id, "request_id"_a.none())
+        .def("resume", &Tree::resume_id, "request_id"_a.none())
+        .def("resume_all", &Tree::resume_all)
+        .def("_state", &Tree::state)
+        .def("_is_suspended", &Tree::is_suspended)
+        .def("_num_chunks", &Tree::num_chunks)
+        .def("_path_hashes", &Tree::path_hashes,
              nb::sig("def _path_hashes(self, handle: int, /) -> list[sglang_feather.types.ChunkHash]"))
-        .def("_prefix_hash", &Core::prefix_hash,
+        .def("_prefix_hash", &Tree::prefix_hash,
              nb::sig("def _prefix_hash(self, handle: int, depth: int, /) -> sglang_feather.types.ChunkHash"))
-        .def("_arrival", &Core::arrival)
-        .def("_num_missing", &Core::num_missing)
-        .def("_num_holding", &Core::num_holding)
-        .def("_num_waiting_holding", &Core::num_waiting_holding)
-        .def("_shares_prefix", &Core::shares_prefix)
-        .def("_waiting", &Core::waiting)
-        .def("_active", &Core::active)
-        .def("_oldest", &Core::oldest)
-        .def("_oldest_stranger", &Core::oldest_stranger)
-        .def("_prefix_order", &Core::prefix_order)
-        .def("_cached_frontier", &Core::cached_frontier)
-        .def("_bind_insert", &Core::bind_insert)
-        .def("insert", &Core::insert_id, "request_id"_a.none(), "token_ids"_a.none(), nb::kw_only(),
+        .def("_arrival", &Tree::arrival)
+        .def("_num_missing", &Tree::num_missing)
+        .def("_num_holding", &Tree::num_holding)
+        .def("_num_waiting_holding", &Tree::num_waiting_holding)
+        .def("_shares_prefix", &Tree::shares_prefix)
+        .def("_waiting", &Tree::waiting)
+        .def("_active", &Tree::active)
+        .def("_oldest", &Tree::oldest)
+        .def("_oldest_stranger", &Tree::oldest_stranger)
+        .def("_prefix_order", &Tree::prefix_order)
+        .def("_cached_frontier", &Tree::cached_frontier)
+        .def("_bind_insert", &Tree::bind_insert)
+        .def("insert", &Tree::insert_id, "request_id"_a.none(), "token_ids"_a.none(), nb::kw_only(),
              "namespace"_a = nb::none(), "arrival"_a = nb::none())
-        .def("_insert_digests", &Core::insert_digests_id, "request_id"_a.none(), "hashes"_a.none(), nb::kw_only(),
+        .def("_insert_digests", &Tree::insert_digests_id, "request_id"_a.none(), "hashes"_a.none(), nb::kw_only(),
              "arrival"_a = nb::none())
-        .def("insert_hashes", &Core::insert_hashes_id, "request_id"_a.none(), "hashes"_a.none(), nb::kw_only(),
+        .def("insert_hashes", &Tree::insert_hashes_id, "request_id"_a.none(), "hashes"_a.none(), nb::kw_only(),
              "arrival"_a = nb::none())
-        .def("cache_store", &Core::cache_store_id, "hashes"_a.none(), "parent"_a.none() = nb::none())
-        .def("cache_remove", &Core::cache_remove_id, "hashes"_a.none())
-        .def("cache_clear", &Core::cache_clear)
-        .def("is_cached", &Core::is_cached_id, "chunk_hash"_a.none())
-        .def("_check", &Core::check);
+        .def("cache_store", &Tree::cache_store_id, "hashes"_a.none(), "parent"_a.none() = nb::none())
+        .def("cache_remove", &Tree::cache_remove_id, "hashes"_a.none())
+        .def("cache_clear", &Tree::cache_clear)
+        .def("is_cached", &Tree::is_cached_id, "chunk_hash"_a.none())
+        .def("_check", &Tree::check);
 }
