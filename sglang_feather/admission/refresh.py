@@ -24,7 +24,9 @@ REFRESH_WINDOW = 128
 # prefix is locked, an uncached one has nothing to refresh), in the reverse of the order the ranking would
 # serve them (the deepest, then the heaviest group, then the queue's head, is touched last), so LRU evicts
 # what waits in the reverse of the order Feather will need it. A pass costs one tree query over at most
-# REFRESH_WINDOW ids (`cached_frontier`, in the compiled tree one call) and one touch per prefix.
+# REFRESH_WINDOW ids (`cached_frontier`, in the compiled tree one call) and one touch per prefix; while no
+# cached prefix that no running request holds has a waiting request (the tree counts them), the query reads
+# no id, so the queue's head is not read either (`queue_head` is consumed lazily).
 
 
 def prefixes_to_refresh(tree: ChunkedHashTree, queue_head: Iterable[RequestId]) -> list[RequestId]:

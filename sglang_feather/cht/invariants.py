@@ -52,6 +52,13 @@ def check_tree(tree: PythonTree) -> None:
         tree.num_running_groups == num_groups,
         f"{tree.num_running_groups} running groups counted, recount says {num_groups}",
     )
+    num_idle_cached = sum(
+        1 for node in nodes.values() if node.cached and node.num_active == 0 and node.num_waiting > 0
+    )
+    _require(
+        tree._num_idle_cached == num_idle_cached,
+        f"{tree._num_idle_cached} idle cached nodes with waiting requests counted, recount says {num_idle_cached}",
+    )
     _check_shared(tree)
     _check_cache(tree)
     _check_suspended(tree)

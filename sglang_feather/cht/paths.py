@@ -140,9 +140,12 @@ def last_depth(path: list[PrefixNode], limit: int, threshold: int) -> int:
     return lo
 
 
-def _prefix_length(path: list[PrefixNode], holds: Callable[[PrefixNode], bool]) -> int:
-    """Largest d with holds(path[d-1]) (0 if none), for a property that holds on a prefix of every path."""
-    lo, hi = 0, len(path)
+def _prefix_length(
+    path: list[PrefixNode], holds: Callable[[PrefixNode], bool], limit: int | None = None
+) -> int:
+    """Largest d <= limit (default: the path's length) with holds(path[d-1]) (0 if none), for a property that
+    holds on a prefix of every path."""
+    lo, hi = 0, len(path) if limit is None else limit
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if holds(path[mid - 1]):
@@ -162,5 +165,15 @@ def covered_depth(path: list[PrefixNode]) -> int:
     return _prefix_length(path, _IS_COVERED)
 
 
+def idle_cached_span(path: list[PrefixNode]) -> int:
+    """The nodes of `path` the cache tier holds that no running request holds and a waiting request passes
+    through: one run of the path, since being cached, held and passed through by a waiting request each holds
+    on a prefix of every path."""
+    cached = cached_depth(path)
+    held = last_depth(path, cached, 1)
+    return max(0, _prefix_length(path, _IS_WAITED_ON, cached) - held)
+
+
 _IS_CACHED = attrgetter("cached")
 _IS_COVERED = attrgetter("is_covered")
+_IS_WAITED_ON = attrgetter("num_waiting")

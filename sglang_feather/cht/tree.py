@@ -26,7 +26,14 @@ from sglang_feather.cht.errors import (
 )
 from sglang_feather.cht.hashing import DEFAULT_CHUNK_SIZE, chunk_hashes, namespace_seed
 from sglang_feather.cht.nodes import PrefixNode, RequestState, TrackedRequest, keep_bounded
-from sglang_feather.cht.paths import Trie, cached_depth, covered_depth, last_depth, prefix_order
+from sglang_feather.cht.paths import (
+    Trie,
+    cached_depth,
+    covered_depth,
+    idle_cached_span,
+    last_depth,
+    prefix_order,
+)
 from sglang_feather.cht.ranking import Ranking
 from sglang_feather.cht.working_set import WorkingSet
 from sglang_feather.types import ChunkHash, RequestId
@@ -80,6 +87,9 @@ class PythonTree:
         self._ranking = Ranking(self._trie.nodes, self._requests)
         self._best_cache: Candidate | None = None
         self._best_valid = False
+        self._num_idle_cached = 0
+        """Nodes the cache tier holds that no running request holds and a waiting request passes through: the
+        only nodes `cached_frontier` can name (none: it answers at once, reading no id)."""
 
     # ----------------------------------------------------------------- queries
 
@@ -219,9 +229,13 @@ class PythonTree:
         """Of the first `limit` ids (in the engine's queue order), the first waiting request of each distinct
         deepest cached node that no running request holds, in the ranking's order of those nodes (deepest,
         then the most requests through it, then queue order): one request per cached prefix that a refresh
-        keeps young (`admission/refresh.py`). Untracked or running ids are passed over. O(limit log n)."""
+        keeps young (`admission/refresh.py`). Untracked or running ids are passed over. O(limit log n); O(1),
+        reading no id, while no cached node that no running request holds has a waiting request."""
+        head = itertools.islice(request_ids, limit)
+        if not self._num_idle_cached:
+            return []
         found: dict[PrefixNode, tuple[int, int, int, RequestId]] = {}
-        for position, request_id in enumerate(itertools.islice(request_ids, limit)):
+        for position, request_id in enumerate(head):
             req = self._requests.get(request_id)
             if req is None or req.state is not _WAITING:
                 continue
@@ -280,8 +294,10 @@ class PythonTree:
         seq = next(self._seq)
         req = TrackedRequest(request_id, path, float(seq) if arrival is None else arrival, seq)
         self._requests[request_id] = req
+        before = idle_cached_span(path)  # the new nodes have no request yet
         for node in path:
             node.num_waiting += 1
+        self._num_idle_cached += idle_cached_span(path) - before
         self._ranking.publish(req, num_existing)
         self._ranking.reweigh(path)
         self._best_valid = False
@@ -295,7 +311,9 @@ class PythonTree:
             del self._suspended[request_id]
         req.state = _ACTIVE
         path = req.path
+        before = idle_cached_span(path)
         first_entered = self._running.enter(req)
+        self._num_idle_cached += idle_cached_span(path) - before
         ranking = self._ranking
         # A node that enters coverage needs a global entry only if some waiting request leaves coverage right
         # there (the others are counted at a deeper node of this path).
@@ -315,6 +333,7 @@ class PythonTree:
     def deactivate(self, request_id: RequestId) -> None:
         """A running request goes back to waiting (retraction, preemption); it keeps its arrival order."""
         req = self._expect(request_id, _ACTIVE)
+        before = idle_cached_span(req.path)
         for node in req.path:
             node.num_waiting += 1
         req.state = _WAITING
@@ -323,6 +342,7 @@ class PythonTree:
         ranking.push(leaf, req.key, req)
         ranking.push_arrival(req)
         ranking.reoffer(self._running.leave(req))
+        self._num_idle_cached += idle_cached_span(req.path) - before
         if leaf.is_covered:
             ranking.push_global(leaf)
         # Its leaf and first node took an entry while it counted as waiting and running: keep their heaps
@@ -334,7 +354,9 @@ class PythonTree:
     def finish(self, request_id: RequestId) -> None:
         """A running request leaves for good."""
         req = self._expect(request_id, _ACTIVE)
+        before = idle_cached_span(req.path)
         self._ranking.reoffer(self._running.leave(req))
+        self._num_idle_cached += idle_cached_span(req.path) - before
         del self._requests[request_id]
         req.state = None
         self._trie.release(req.path)
@@ -349,8 +371,10 @@ class PythonTree:
             del self._suspended[request_id]
         del self._requests[request_id]
         req.state = None
+        before = idle_cached_span(req.path)
         for node in req.path:
             node.num_waiting -= 1
+        self._num_idle_cached += idle_cached_span(req.path) - before
         self._trie.release(req.path)
         self._ranking.trim()
         self._best_valid = False
@@ -414,6 +438,7 @@ class PythonTree:
                 self._best_valid = False
                 if node.num_active == 0:
                     entered.append(node)
+                    self._num_idle_cached += node.num_waiting > 0
         for node in entered:
             if node.num_waiting:
                 self._ranking.push_global(node)
@@ -441,6 +466,7 @@ class PythonTree:
                 self._best_valid = False
                 if node.num_active == 0:
                     left.append(node)
+                    self._num_idle_cached -= node.num_waiting > 0
         left.sort(key=lambda node: node.depth, reverse=True)
         self._ranking.reoffer(left)
 

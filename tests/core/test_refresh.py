@@ -105,3 +105,61 @@ def test_the_window_bounds_the_walk():
     queue = [f"r{i}" for i in range(REFRESH_WINDOW + 1)]
     refreshed = prefixes_to_refresh(tree, queue)
     assert refreshed == queue[:REFRESH_WINDOW][::-1]
+
+
+class _IdRead(Exception):
+    pass
+
+
+class _Unread:
+    """An id iterable that raises `_IdRead` if the query reads an id from it."""
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        raise _IdRead
+
+
+@pytest.mark.parametrize("backend", list(TREES))
+def test_no_id_is_read_while_no_cached_prefix_waits_unheld(backend):
+    """The frontier query answers at once while no cached node that no running request holds has a waiting
+    request (each tree counts those nodes, which its invariant check recounts), and reads ids as soon as one
+    has: through every event that changes the count."""
+    tree = TREES[backend](CHUNK)
+
+    def frontier():
+        """None when the query read no id, else its answer over the queue a, b, c, d."""
+        tree.check_invariants()
+        try:
+            assert tree.cached_frontier(_Unread(), REFRESH_WINDOW) == []
+        except _IdRead:
+            return tree.cached_frontier(["a", "b", "c", "d"], REFRESH_WINDOW)
+        return None
+
+    tree.insert("a", _prompt((1, 5)))
+    tree.insert("b", _prompt((1, 6)))
+    assert frontier() is None  # nothing cached
+    tree.activate("a")
+    tree.cache_store(tree.path_hashes("a"))
+    assert frontier() is None  # cached, and held by the running request
+    tree.finish("a")
+    assert frontier() == ["b"]  # the shared chunk is cached, idle and waited on
+    tree.activate("b")
+    assert frontier() is None
+    tree.deactivate("b")
+    assert frontier() == ["b"]
+    tree.remove("b")
+    assert frontier() is None  # cached and idle, but no one waits
+    tree.insert("c", _prompt((1, 7)))
+    assert frontier() == ["c"]
+    tree.cache_remove(tree.path_hashes("c")[:1])
+    assert frontier() is None
+    tree.cache_store(tree.path_hashes("c")[:1])
+    tree.insert("d", _prompt((1, 7, 2)))  # a new path through the cached chunk: its new nodes uncached
+    assert frontier() == ["c"]
+    tree.cache_clear()
+    assert frontier() is None
+    assert tree.cached_frontier(_Unread(), 0) == []
+    with pytest.raises(TypeError):
+        tree.cached_frontier(None, REFRESH_WINDOW)  # not iterable: refused as before

@@ -436,7 +436,8 @@ class Tree {
 
     // tree.py's `cached_frontier`: of the first `limit` ids of an iterable (the engine's queue order), the first
     // waiting request of each distinct deepest cached node that no running request holds, in the ranking's
-    // order of those nodes (deepest, then the most requests through it, then queue order).
+    // order of those nodes (deepest, then the most requests through it, then queue order). Reads no id while no
+    // cached node that no running request holds has a waiting request.
     nb::list cached_frontier(nb::handle ids, size_t limit) const {
         struct Found {
             int64_t depth, num_waiting;
@@ -447,6 +448,7 @@ class Tree {
         std::vector<Found> found;
         nb::object it = nb::steal(PyObject_GetIter(ids.ptr()));
         if (!it.is_valid()) throw nb::python_error();
+        if (num_idle_cached_ == 0) return nb::list();
         for (size_t i = 0; i < limit; ++i) {
             nb::object rid = nb::steal(PyIter_Next(it.ptr()));
             if (!rid.is_valid()) {
@@ -626,7 +628,10 @@ class Tree {
         for (size_t d = 0; d < len; ++d) {
             Node& n = nodes_[path[d]];
             --n.num_waiting;
-            if (++n.num_active == 1 && !n.cached && d < first_entered) first_entered = d;
+            if (++n.num_active == 1) {
+                if (!n.cached && d < first_entered) first_entered = d;
+                num_idle_cached_ -= n.cached;  // this request waited through it
+            }
         }
         if (len > 0 && nodes_[path[0]].num_active == 1) ++num_running_groups_;
         // A node that enters coverage needs a global entry only if some waiting request leaves coverage right
@@ -682,7 +687,10 @@ class Tree {
         if (r.state != WAITING) return BAD_STATE;
         prefetch_path(r.path);
         if (r.suspended) unsuspend(h);
-        for (size_t d = 0, len = num_distinct(r.path); d < len; ++d) --nodes_[r.path[d]].num_waiting;
+        for (size_t d = 0, len = num_distinct(r.path); d < len; ++d) {
+            Node& n = nodes_[r.path[d]];
+            if (--n.num_waiting == 0 && n.cached && n.num_active == 0) --num_idle_cached_;
+        }
         drop_request(h);
         best_valid_ = false;
         return OK;
@@ -948,7 +956,10 @@ class Tree {
         r.suspended = false;
         link_all(h);
         ++num_requests_;
-        for (size_t d = 0; d < num_existing; ++d) ++nodes_[r.path[d]].num_waiting;
+        for (size_t d = 0; d < num_existing; ++d) {
+            Node& n = nodes_[r.path[d]];
+            if (n.num_waiting++ == 0 && n.cached && n.num_active == 0) ++num_idle_cached_;
+        }
         adopt_new_nodes(h, num_existing);
         publish(h, num_existing);
         reweigh(h);
@@ -978,6 +989,7 @@ class Tree {
             if (n.depth == 1) n.side = alloc_level();
             else if (n.span > 1) tails_[n.side].owner = h;
             n.num_waiting = 1;
+            num_idle_cached_ += n.cached;  // new: no running request holds it
             n.candidates.push_back(CEntry{key, next_push_++, below, below_gen, below_is_req});
             n.has_best = true;
             n.best = key;
@@ -1402,7 +1414,9 @@ class Tree {
         const auto& path = reqs_[h].path;
         for (size_t d = 0, len = num_distinct(path); d < len; ++d) {
             Node& n = nodes_[path[d]];
-            if (--n.num_active == 0 && !n.cached) left_.push_back(path[d]);
+            if (--n.num_active != 0) continue;
+            if (!n.cached) left_.push_back(path[d]);
+            else if (n.num_waiting > 0) ++num_idle_cached_;
         }
         if (!path.empty() && nodes_[path[0]].num_active == 0) --num_running_groups_;
         std::reverse(left_.begin(), left_.end());
@@ -1501,7 +1515,10 @@ class Tree {
     bool flag_cached(uint32_t id) {
         Node& n = nodes_[id];
         n.cached = true;
-        if (n.num_active == 0) entered_.push_back(id);
+        if (n.num_active == 0) {
+            entered_.push_back(id);
+            num_idle_cached_ += n.num_waiting > 0;
+        }
         return true;
     }
 
@@ -1561,7 +1578,10 @@ class Tree {
             Node& n = nodes_[id];
             n.cached = false;
             best_valid_ = false;
-            if (n.num_active == 0) left_.push_back(id);
+            if (n.num_active == 0) {
+                left_.push_back(id);
+                num_idle_cached_ -= n.num_waiting > 0;
+            }
         }
         std::stable_sort(left_.begin(), left_.end(),
                          [this](uint32_t a, uint32_t b) { return nodes_[a].depth > nodes_[b].depth; });
@@ -1917,6 +1937,9 @@ class Tree {
     std::vector<AEntry> by_arrival_;
     size_t num_requests_ = 0, num_active_ = 0, num_nodes_ = 0;
     size_t num_running_groups_ = 0;  // first-level nodes with a running request
+    // Cached nodes no running request holds that a waiting request passes through (tree.py's `_num_idle_cached`):
+    // the only nodes `cached_frontier` can name.
+    size_t num_idle_cached_ = 0;
     uint32_t shared_ = NIL;
     uint64_t next_seq_ = 0, next_serial_ = 0, next_push_ = 0;
     HashScratch scratch_;
@@ -1988,12 +2011,13 @@ std::string Tree::check() const {
     REQUIRE(flagged == suspended_.size(), "suspended flags disagree with the suspended list");
     for (size_t i = 0; i < suspended_.size(); ++i)
         REQUIRE(reqs_[suspended_[i]].suspended && reqs_[suspended_[i]].suspended_at == i, "suspended list broken");
-    size_t alive = 0, running_groups = 0;
+    size_t alive = 0, running_groups = 0, idle_cached = 0;
     for (uint32_t id = 1; id < nodes_.size(); ++id) {
         const Node& n = nodes_[id];
         if (!n.alive) continue;
         alive += n.span;
         running_groups += n.depth == 1 && n.num_active > 0;
+        idle_cached += n.cached && n.num_active == 0 && n.num_waiting > 0;
         REQUIRE(n.num_active == num_active[id], "num_active wrong");
         REQUIRE(n.span == 1 || n.num_active + n.num_waiting == 1, "a tail held by more than its owner");
         REQUIRE(n.span == 1 || (!n.has_global && !n.has_stranger), "a tail with a global or stranger key");
@@ -2014,6 +2038,7 @@ std::string Tree::check() const {
         REQUIRE(n.depth != 1 || levels_[n.side].arrivals.size() <= 4 * live + COMPACT_MIN, "arrival heap unbounded");
     }
     REQUIRE(running_groups == num_running_groups_, "running group count wrong");
+    REQUIRE(idle_cached == num_idle_cached_, "idle cached node count wrong");
     size_t num_entries = num_nodes_ - num_unindexed;  // every chunk's hash but tails' later ones while unindexed
     REQUIRE(alive == num_nodes_ && index_.size() == num_entries && index_.count_live() == num_entries,
             "node registry size wrong");
