@@ -67,6 +67,47 @@ def bucket(spans, kv_heads, rows, tokens, dim, lengths, *, index_dtype=torch.int
         "empty_lse": [float(x) for x in lse[~live].flatten()[:1]],
     }
 
+def paged(spans, kv_heads, rows, page_size, dim, lengths):
+    '''A bucket of whole pages (SGLang's paged pool): each span's pages shuffled in the pool; every slot past a
+    span's length in its last page, and the pad page, poisoned (NaN K/V) so reading one shows.'''
+    num_pages = [-(-length // page_size) for length in lengths]
+    total = sum(num_pages) + 1  # + the pad page
+    k_buffer = torch.randn(total * page_size, kv_heads, dim, generator=gen)
+    v_buffer = torch.randn(total * page_size, kv_heads, dim, generator=gen)
+    order = torch.randperm(total - 1, generator=gen)
+    pad_page = total - 1
+    kv_pages = torch.full((spans, max(num_pages)), pad_page, dtype=torch.int64)
+    start = 0
+    for s, (length, count) in enumerate(zip(lengths, num_pages)):
+        kv_pages[s, :count] = order[start : start + count]
+        start += count
+    slots = (kv_pages[:, :, None] * page_size + torch.arange(page_size)).view(spans, -1)
+    tokens = slots.shape[1]
+    pad = torch.arange(tokens)[None, :] >= torch.tensor(lengths)[:, None]
+    for buffer in (k_buffer, v_buffer):
+        buffer[slots[pad]] = float("nan")
+    queries = torch.randn(spans, kv_heads, rows, dim, generator=gen)
+    scaling = 1.0 / math.sqrt(dim)
+    out, lse = span_attention(
+        queries, k_buffer, v_buffer, kv_pages, torch.tensor(lengths), scaling, page_size=page_size
+    )
+    gather = slots.masked_fill(pad, 0)
+    k_ref, v_ref = k_buffer.nan_to_num(), v_buffer.nan_to_num()
+    keys, values = k_ref[gather].transpose(1, 2), v_ref[gather].transpose(1, 2)
+    mask = torch.zeros(spans, 1, 1, tokens).masked_fill(pad[:, None, None, :], float("-inf"))
+    ref_out, ref_lse = attend_with_lse_unfused(queries, keys, values, mask, scaling)
+    return {
+        "shape": [spans, kv_heads, rows, tokens, dim],
+        "lengths": lengths,
+        "out_dtype": str(out.dtype),
+        "out_shape": list(out.shape),
+        "lse_shape": list(lse.shape),
+        "err_out": float((out - ref_out).abs().max()),
+        "err_lse": float((lse - ref_lse).abs().max()),
+        "empty_out": 0.0,
+        "empty_lse": [],
+    }
+
 results = []
 for case in range(7):
     spans, kv_heads, rows = randint(1, 5), randint(1, 2), randint(1, 9)
@@ -79,6 +120,8 @@ for case in range(7):
                           strided=case % 2 == 1))
 results.append(bucket(1, 1, 1, 1, 16, [1]))  # one key, one row
 results.append(bucket(2, 2, 37, 70, 32, [70, 33], block_m=16, block_n=16))  # 3 row blocks, 5 key tiles
+results.append(paged(3, 2, 5, 16, 32, [40, 16, 7]))  # whole, partial and one-page spans of 16-slot pages
+results.append(paged(2, 1, 3, 4, 16, [13, 4]))
 results.append(bucket(3, 2, 5, 20, 16, [20, 0, 7]))  # an empty span: output 0, lse -inf
 print(json.dumps(results))
 """
@@ -96,10 +139,10 @@ def _run_interpreted(script: str, timeout: int = 240) -> str:
 
 def test_span_kernel_matches_the_torch_reference_in_the_triton_interpreter():
     """Random buckets (padding, shuffled slots, NaN poison behind every pad, strided queries, int32 indices,
-    rows and keys not multiples of the blocks) against `attend_with_lse_unfused` on gathered K/V, float32:
+    rows and keys not multiples of the blocks; pages of 16 and 4 slots with the slots past a span's end poisoned) against `attend_with_lse_unfused` on gathered K/V, float32:
     the interpreter's bf16 dot is not faithful; the GPU bench checks bf16 before it times."""
     results = json.loads(_run_interpreted(KERNEL_SCRIPT).strip().splitlines()[-1])
-    assert len(results) == 10
+    assert len(results) == 12
     for result in results:
         spans, kv_heads, rows, _, dim = result["shape"]
         assert result["out_dtype"] == "torch.float32"
@@ -147,16 +190,22 @@ def test_span_kernel_compiles_to_a_hopper_cubin_without_a_gpu():
     from sglang_feather.sglang.grouped_attention.triton_spans import _span_kernel
 
     names = _span_kernel.arg_names
-    pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "KvIndex": "*i64", "Lengths": "*i32"}
+    pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "KvPages": "*i64", "Lengths": "*i32"}
     pointers |= {"Out": "*bf16", "Lse": "*fp32"}
-    unit = ("stride_qd", "stride_kd", "stride_vd", "stride_it", "stride_od", "stride_lm")
+    unit = ("stride_qd", "stride_kd", "stride_vd", "stride_pp", "stride_od", "stride_lm")
     strides = [name for name in names if name.startswith("stride_") and name not in unit]
     signature = pointers | {"qk_scale": "fp32", "num_rows": "i32", "max_tokens": "i32"}
     signature |= dict.fromkeys(strides, "i32")
     aligned = {(names.index(name),): [["tt.divisibility", 16]] for name in [*pointers, *strides]}
-    for block_m in (64, 16):
+    for block_m, page_size in ((64, 1), (16, 16)):
         constexprs = dict.fromkeys(unit, 1) | {"NUM_KV_HEADS": 8, "HEAD_DIM": 128, "HEAD_DIM_V": 128}
-        constexprs |= {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_D": 128, "BLOCK_DV": 128}
+        constexprs |= {
+            "BLOCK_M": block_m,
+            "BLOCK_N": 64,
+            "BLOCK_D": 128,
+            "BLOCK_DV": 128,
+            "PAGE_SIZE": page_size,
+        }
         source = ASTSource(
             fn=_span_kernel,
             signature={name: signature.get(name, "constexpr") for name in names},

@@ -31,14 +31,6 @@ class Bucket:
     valid_rows: torch.Tensor | None  # the real (span, query) rows of the flattened [S * N]; None: all are
 
     @property
-    def kv_index(self) -> torch.Tensor:
-        """[num_spans, max_tokens] int64: span s's t-th KV slot (pads: slots of page 0 or of its last page)."""
-        if self.page_size == 1:
-            return self.kv_pages
-        offsets = torch.arange(self.page_size, device=self.kv_pages.device)
-        return (self.kv_pages[:, :, None] * self.page_size + offsets).view(self.kv_pages.shape[0], -1)
-
-    @property
     def owners(self) -> torch.Tensor:
         """The request of each partial result this bucket produces, in order."""
         flat = self.q_index.view(-1)
@@ -148,7 +140,7 @@ class GatherThenAttend:
 
 
 class TritonSpans:
-    """`triton_spans.span_attention`: reads each span's K and V through its slot indices, no gather (CUDA)."""
+    """`triton_spans.span_attention`: reads each span's K and V through its page ids, no gather (CUDA)."""
 
     def __init__(self) -> None:
         from sglang_feather.sglang.grouped_attention import triton_spans
@@ -163,7 +155,9 @@ class TritonSpans:
         bucket: Bucket,
         scaling: float,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.span_attention(queries, k_buffer, v_buffer, bucket.kv_index, bucket.lengths, scaling)
+        return self.span_attention(
+            queries, k_buffer, v_buffer, bucket.kv_pages, bucket.lengths, scaling, page_size=bucket.page_size
+        )
 
 
 def span_attention_for(device: torch.device) -> SpanAttention:

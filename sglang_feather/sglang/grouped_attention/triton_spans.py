@@ -1,4 +1,4 @@
-"""One bucket of grouped decode attention in Triton: K/V read through slot indices, no gather."""
+"""One bucket of grouped decode attention in Triton: K/V read through page indices, no gather."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ LOG2E = 1.4426950408889634
 
 # How it works: one program per (span, KV head, block of BLOCK_M query rows), ordered span-major so the
 # programs reading one span's KV run side by side. A program loads its query rows once, then walks the
-# span's first `lengths[s]` keys in tiles of BLOCK_N: it reads the tile's slot ids from `kv_index`, loads
-# those K and V rows straight from the pool buffers (once for all BLOCK_M rows; slots past the span's length
+# span's first `lengths[s]` keys in tiles of BLOCK_N: it reads the tile's page ids from `kv_pages` (token t
+# of a span is slot `kv_pages[s, t // PAGE_SIZE] * PAGE_SIZE + t % PAGE_SIZE`), loads those K and V rows
+# straight from the pool buffers (once for all BLOCK_M rows; slots past the span's length
 # are neither read nor counted), and folds the tile in with an online softmax in float32 (running max `m`,
 # normaliser `l`, un-normalised output), with base-2 exponentials of the scores prescaled by log2(e). It
 # writes the normalised output in the queries' dtype and the natural log-sum-exp `m + ln l` of the scaled
@@ -26,7 +27,7 @@ def _span_kernel(
     Q,
     K,
     V,
-    KvIndex,
+    KvPages,
     Lengths,
     Out,
     Lse,
@@ -43,8 +44,8 @@ def _span_kernel(
     stride_vslot,
     stride_vh,
     stride_vd,
-    stride_is,
-    stride_it,
+    stride_ps,
+    stride_pp,
     stride_os,
     stride_oh,
     stride_om,
@@ -59,6 +60,7 @@ def _span_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_m_blocks = tl.cdiv(num_rows, BLOCK_M)
@@ -81,7 +83,7 @@ def _span_kernel(
     q = tl.load(q_ptrs, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
     k_base = K + kv_head * stride_kh + offs_d[None, :] * stride_kd
     v_base = V + kv_head * stride_vh + offs_dv[None, :] * stride_vd
-    index_base = KvIndex + span * stride_is
+    pages_base = KvPages + span * stride_ps
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -89,7 +91,8 @@ def _span_kernel(
     for tile in range(0, end, BLOCK_N):
         toks = tile + offs_n
         mask_n = toks < end
-        slots = tl.load(index_base + toks * stride_it, mask=mask_n, other=0).to(tl.int64)
+        pages = tl.load(pages_base + (toks // PAGE_SIZE) * stride_pp, mask=mask_n, other=0).to(tl.int64)
+        slots = pages * PAGE_SIZE + toks % PAGE_SIZE
         k = tl.load(k_base + slots[:, None] * stride_kslot, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * qk_scale
         s = tl.where(mask_n[None, :], s, float("-inf"))
@@ -136,26 +139,31 @@ def span_attention(
     queries: torch.Tensor,
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
-    kv_index: torch.Tensor,
+    kv_pages: torch.Tensor,
     lengths: torch.Tensor,
     scaling: float,
     *,
+    page_size: int = 1,
     block_m: int | None = None,
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int = 2,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of each span's queries [S, Hkv, M, D] (any strides) over its first `lengths[s]` keys, K and V
-    read from the pool buffers [num_slots, Hkv, D(v)] at the slots `kv_index[s, :lengths[s]]` ([S, T], int64
-    or int32; entries past a span's length are never read; lengths above T count as T). Returns the output
-    [S, Hkv, M, Dv] in the queries' dtype and the natural log-sum-exp of the scaled scores [S, Hkv, M] in
-    float32; a span of length 0 gives output 0 and log-sum-exp -inf. K/V are cast to the queries' dtype."""
-    if queries.dim() != 4 or k_buffer.dim() != 3 or v_buffer.dim() != 3 or kv_index.dim() != 2:
+    read from the pool buffers [num_slots, Hkv, D(v)] through the pages `kv_pages` ([S, P], int64 or int32):
+    span s's token t is slot `kv_pages[s, t // page_size] * page_size + t % page_size` (page size 1: the
+    entries are the slots). Tokens past a span's length are never read; lengths above P * page_size count as
+    that. Returns the output [S, Hkv, M, Dv] in the queries' dtype and the natural log-sum-exp of the scaled
+    scores [S, Hkv, M] in float32; a span of length 0 gives output 0 and log-sum-exp -inf. K/V are cast to
+    the queries' dtype."""
+    if queries.dim() != 4 or k_buffer.dim() != 3 or v_buffer.dim() != 3 or kv_pages.dim() != 2:
         raise ValueError(
-            "need queries [S, Hkv, M, D], buffers [slots, Hkv, D], kv_index [S, T]; got "
+            "need queries [S, Hkv, M, D], buffers [slots, Hkv, D], kv_pages [S, P]; got "
             f"{tuple(queries.shape)}, {tuple(k_buffer.shape)}, {tuple(v_buffer.shape)}, "
-            f"{tuple(kv_index.shape)}"
+            f"{tuple(kv_pages.shape)}"
         )
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size must be an int >= 1, got {page_size!r}")
     num_spans, num_kv_heads, num_rows, head_dim = queries.shape
     head_dim_v = v_buffer.shape[2]
     if k_buffer.shape[1:] != (num_kv_heads, head_dim) or v_buffer.shape[:2] != k_buffer.shape[:2]:
@@ -163,15 +171,16 @@ def span_attention(
             f"buffers {tuple(k_buffer.shape)}, {tuple(v_buffer.shape)} do not fit "
             f"queries {tuple(queries.shape)}"
         )
-    if kv_index.shape[0] != num_spans or lengths.shape != (num_spans,):
+    if kv_pages.shape[0] != num_spans or lengths.shape != (num_spans,):
         raise ValueError(
-            f"kv_index {tuple(kv_index.shape)} and lengths {tuple(lengths.shape)} need {num_spans} rows"
+            f"kv_pages {tuple(kv_pages.shape)} and lengths {tuple(lengths.shape)} need {num_spans} rows"
         )
-    if kv_index.dtype not in (torch.int32, torch.int64) or lengths.dtype not in (torch.int32, torch.int64):
+    if kv_pages.dtype not in (torch.int32, torch.int64) or lengths.dtype not in (torch.int32, torch.int64):
         raise ValueError(
-            f"kv_index and lengths must be int32 or int64, got {kv_index.dtype}, {lengths.dtype}"
+            f"kv_pages and lengths must be int32 or int64, got {kv_pages.dtype}, {lengths.dtype}"
         )
-    auto_m, auto_n = default_blocks(num_rows, kv_index.shape[1], head_dim)
+    max_tokens = kv_pages.shape[1] * page_size
+    auto_m, auto_n = default_blocks(num_rows, max_tokens, head_dim)
     block_m, block_n = block_m or auto_m, block_n or auto_n
     for name, block in (("block_m", block_m), ("block_n", block_n)):
         if block < MIN_BLOCK or block & (block - 1):
@@ -187,17 +196,17 @@ def span_attention(
         queries,
         k_buffer,
         v_buffer,
-        kv_index,
+        kv_pages,
         lengths,
         out,
         lse,
         scaling * LOG2E,
         num_rows,
-        kv_index.shape[1],
+        max_tokens,
         *queries.stride(),
         *k_buffer.stride(),
         *v_buffer.stride(),
-        *kv_index.stride(),
+        *kv_pages.stride(),
         *out.stride(),
         *lse.stride(),
         NUM_KV_HEADS=num_kv_heads,
@@ -207,6 +216,7 @@ def span_attention(
         BLOCK_N=block_n,
         BLOCK_D=max(MIN_BLOCK, triton.next_power_of_2(head_dim)),
         BLOCK_DV=max(MIN_BLOCK, triton.next_power_of_2(head_dim_v)),
+        PAGE_SIZE=page_size,
         num_warps=num_warps,
         num_stages=num_stages,
     )
