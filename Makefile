@@ -76,12 +76,16 @@ test: setup
 # translator's state machine (tests/core/test_page_runs.py) uses no CHT; the cache-event feed's
 # equivalence with SGLang's match (tests/sglang/test_cache_events.py, 155 s on the Python tree in CI) compares
 # SGLang's caches with the cache tier, which tests/cht holds to one reference on both trees; the grouped
-# attention backend (tests/sglang/test_grouped_*.py) uses no CHT. tests/sglang last: its modules import its
-# conftest by name, which must be the last initial conftest pytest loads.
+# attention backend (tests/sglang/test_grouped_*.py) uses no CHT; the queue-order and running-batch-order state
+# machines (tests/sglang/test_queue_order_machine.py, test_batch_order.py: 155 s and 74 s on the Python tree
+# in CI) reach the tree only through `take_picks`, `prefix_order` and the calls around them, which tests/cht
+# holds both trees to call by call. tests/sglang last: its modules import its conftest by name, which must be
+# the last initial conftest pytest loads.
 test-python-tree: setup-sglang
 	SGLANG_FEATHER_CHT=python $(PY) -m pytest tests/core tests/sglang -m "not server" -n 2 \
 		--ignore=tests/sglang/test_patches.py --ignore=tests/sglang/test_soak.py \
 		--ignore=tests/core/test_page_runs.py --ignore=tests/sglang/test_cache_events.py \
+		--ignore=tests/sglang/test_queue_order_machine.py --ignore=tests/sglang/test_batch_order.py \
 		--ignore-glob='tests/sglang/test_grouped_*.py' $(PYTEST_ARGS)
 
 # The developer's loop: everything but the tests that start servers and the few marked `slow` (SGLang
