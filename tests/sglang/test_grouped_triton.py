@@ -48,10 +48,16 @@ def bucket(spans, kv_heads, rows, tokens, dim, lengths, *, index_dtype=torch.int
     out, lse = span_attention(
         queries, k_buffer, v_buffer, kv_index.to(index_dtype), length_tensor, scaling, **blocks
     )
+    return compared(queries, k_buffer, v_buffer, kv_index, lengths, scaling, out, lse)
+
+def compared(queries, k_buffer, v_buffer, slots, lengths, scaling, out, lse):
+    '''The kernel's (out, lse) against the torch reference on K/V gathered at `slots` [S, T] (pads masked).'''
+    spans, kv_heads, rows, dim = queries.shape
+    tokens = slots.shape[1]
     pad = torch.arange(tokens)[None, :] >= torch.tensor(lengths)[:, None]
-    gather = kv_index.masked_fill(pad, 0)
-    keys = k_buffer[gather].transpose(1, 2)
-    values = v_buffer[gather].transpose(1, 2)
+    gather = slots.masked_fill(pad, 0)
+    keys = k_buffer.nan_to_num()[gather].transpose(1, 2)  # a poisoned pad is masked, never a NaN product
+    values = v_buffer.nan_to_num()[gather].transpose(1, 2)
     mask = torch.zeros(spans, 1, 1, tokens).masked_fill(pad[:, None, None, :], float("-inf"))
     ref_out, ref_lse = attend_with_lse_unfused(queries, keys, values, mask, scaling)
     live = torch.tensor(lengths) > 0
@@ -91,22 +97,7 @@ def paged(spans, kv_heads, rows, page_size, dim, lengths):
     out, lse = span_attention(
         queries, k_buffer, v_buffer, kv_pages, torch.tensor(lengths), scaling, page_size=page_size
     )
-    gather = slots.masked_fill(pad, 0)
-    k_ref, v_ref = k_buffer.nan_to_num(), v_buffer.nan_to_num()
-    keys, values = k_ref[gather].transpose(1, 2), v_ref[gather].transpose(1, 2)
-    mask = torch.zeros(spans, 1, 1, tokens).masked_fill(pad[:, None, None, :], float("-inf"))
-    ref_out, ref_lse = attend_with_lse_unfused(queries, keys, values, mask, scaling)
-    return {
-        "shape": [spans, kv_heads, rows, tokens, dim],
-        "lengths": lengths,
-        "out_dtype": str(out.dtype),
-        "out_shape": list(out.shape),
-        "lse_shape": list(lse.shape),
-        "err_out": float((out - ref_out).abs().max()),
-        "err_lse": float((lse - ref_lse).abs().max()),
-        "empty_out": 0.0,
-        "empty_lse": [],
-    }
+    return compared(queries, k_buffer, v_buffer, slots, lengths, scaling, out, lse)
 
 results = []
 for case in range(7):
