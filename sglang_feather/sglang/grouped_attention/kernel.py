@@ -23,7 +23,7 @@ class Bucket:
     """Spans padded to one shape: `kv_pages[s, p]` is the KV page holding span s's tokens `[p * page_size,
     (p + 1) * page_size)` (every span starts on a page boundary), `q_index[s, n]` its n-th query."""
 
-    kv_pages: torch.Tensor  # [num_spans, max_tokens / page_size] int64, pads point at page 0
+    kv_pages: torch.Tensor  # [num_spans, max_tokens / page_size] int64; a pad page: the leader's first
     page_size: int
     lengths: torch.Tensor  # [num_spans] int64: each span's real tokens
     kv_bias: torch.Tensor | None  # [num_spans, 1, 1, max_tokens] float32: 0, or -inf on pads; None: no pads

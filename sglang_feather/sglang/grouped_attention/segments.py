@@ -110,11 +110,11 @@ def find_segments(rows: torch.Tensor, seq_lens: list[int], page_size: int = 1) -
     slots, so the `req_to_token` rows of a decode batch form a trie: requests whose rows agree on their first
     L entries share L tokens of KV. The trie is built top-down. A set of requests starting at position `start`
     is split by the slot each holds there; a subset of two or more extends its shared span as far as all its
-    rows agree (compared page by page: SGLang's paged allocator keeps each page's slots contiguous), compared only up to its shortest member's `seq_len` (entries past it can be stale after a
-    retraction) and rounded down to a page boundary (the radix cache shares whole pages). That span becomes a
-    *shared segment*, read once for all of its members' queries, and the subset recurses from its end, so a
-    system prompt and a document under it are two nested segments (a subset that shares less than a page
-    splits where it parts, from the same start). What is left of a request below its deepest segment is its
+    rows agree (page by page: `_common_end`), compared only up to its shortest member's `seq_len` (entries
+    past it can be stale after a retraction) and rounded down to a page boundary (the radix cache shares whole
+    pages). That span becomes a *shared segment*, read once for all of its members' queries, and the subset
+    recurses from its end, so a system prompt and a document under it are two nested segments (a subset that
+    shares less than a page splits where it parts, from the same start). What is left of a request below its deepest segment is its
     private *tail*. Every request's KV `[0, seq_len)` is thus cut into spans; attention over each span gives a
     partial result and its log-sum-exp, and the partials merge exactly (`kernel.py`). The work is per subset,
     not per request: members are arrays, and a request's tail start is the end of the last segment it joined."""
@@ -198,11 +198,12 @@ def check_paged_layout(rows: torch.Tensor, seq_lens: list[int], page_size: int) 
     """The layout `find_segments` compares page by page: each request's positions `[k * page_size, (k + 1) *
     page_size)` below its `seq_len` hold one page's slots, contiguous and in position order."""
     for i, seq_len in enumerate(seq_lens):
-        row = rows[i, :seq_len].long()
-        offsets = torch.arange(seq_len) % page_size
-        page_starts = row - offsets
+        positions = torch.arange(seq_len)
+        offsets = positions % page_size
+        page_starts = rows[i, :seq_len].long() - offsets  # the slot each position's page begins at
+        # Aligned, and the same for every position of a page as for the page's first position.
         if bool((page_starts % page_size != 0).any()) or bool(
-            (page_starts != page_starts[offsets == 0].repeat_interleave(page_size)[:seq_len]).any()
+            (page_starts != page_starts[positions - offsets]).any()
         ):
             raise AssertionError(f"request {i}: its KV slots are not whole pages of {page_size} in order")
 
