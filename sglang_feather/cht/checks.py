@@ -6,7 +6,6 @@ import operator
 import sys
 from array import array
 from collections.abc import Sequence
-from typing import SupportsIndex
 
 from sglang_feather.cht.errors import HashChainError, InvalidArrival, InvalidDepth
 from sglang_feather.types import ChunkHash, RequestId
@@ -18,11 +17,9 @@ MAX_CHUNK_SIZE = 2**31
 def _integer(name: str, value: object, error: type[Exception]) -> int:
     """`value` as an int (anything with `__index__`); `error` naming `name` otherwise."""
     try:
-        if isinstance(value, SupportsIndex):
-            return operator.index(value)
+        return operator.index(value)
     except TypeError:
-        pass
-    raise error(f"{name} must be an integer, got {value!r}") from None
+        raise error(f"{name} must be an integer, got {value!r}") from None
 
 
 def checked_chunk_size(chunk_size: int) -> int:
