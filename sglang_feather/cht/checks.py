@@ -6,6 +6,7 @@ import operator
 import sys
 from array import array
 from collections.abc import Sequence
+from typing import Any
 
 from sglang_feather.cht.errors import HashChainError, InvalidArrival, InvalidDepth
 from sglang_feather.types import ChunkHash, RequestId
@@ -14,7 +15,7 @@ MAX_CHUNK_SIZE = 2**31
 """Tokens per chunk, exclusive bound (the compiled tree reads a chunk's bytes with 32-bit-safe arithmetic)."""
 
 
-def _integer(name: str, value: object, error: type[Exception]) -> int:
+def _integer(name: str, value: Any, error: type[Exception]) -> int:
     """`value` as an int (anything with `__index__`); `error` naming `name` otherwise."""
     try:
         return operator.index(value)
