@@ -21,39 +21,39 @@ per-request attention makes, it stays in cache between the gather and the produc
 @dataclass(frozen=True, slots=True)
 class Bucket:
     """Spans padded to one shape: `kv_pages[s, p]` is the KV page holding span s's tokens `[p * page_size,
-    (p + 1) * page_size)` (every span starts on a page boundary), `q_index[s, n]` its n-th query."""
+    (p + 1) * page_size)` (every span starts on a page boundary). Its (span, query) pairs, span by span, are
+    the step's partial-result rows `[first_row, first_row + num_spans * num_queries)`."""
 
-    kv_pages: torch.Tensor  # [num_spans, max_tokens / page_size] int64; a pad page: the leader's first
+    kv_pages: torch.Tensor  # [num_spans, max_tokens / page_size] int64; a pad page: the span's last real one
     page_size: int
     lengths: torch.Tensor  # [num_spans] int64: each span's real tokens
     kv_bias: torch.Tensor | None  # [num_spans, 1, 1, max_tokens] float32: 0, or -inf on pads; None: no pads
-    q_index: torch.Tensor  # [num_spans, max_queries] int64, pads repeat the span's first query
-    valid_rows: torch.Tensor | None  # the real (span, query) rows of the flattened [S * N]; None: all are
-
-    @property
-    def owners(self) -> torch.Tensor:
-        """The request of each partial result this bucket produces, in order."""
-        flat = self.q_index.view(-1)
-        return flat if self.valid_rows is None else flat[self.valid_rows]
+    num_queries: int  # queries per span, pads included (a pad repeats the span's first query)
+    first_row: int
 
 
 @dataclass(frozen=True, slots=True)
 class DecodePlan:
-    """The buckets of one forward and, per partial result in bucket order, the request it belongs to."""
+    """The buckets of one forward; the request whose query each partial-result row holds (bucket by bucket,
+    pads included); and each request's partial rows side by side for the merge: `merge_rows[r, j]` is its
+    j-th, and where it has fewer than the deepest request, `merge_pads` marks the repeats of its first."""
 
     num_requests: int
     buckets: tuple[Bucket, ...]
-    partial_owner: torch.Tensor  # [num_partials] int64
+    query_rows: torch.Tensor  # [num_rows] int64
+    merge_rows: torch.Tensor | None  # [num_requests, depth] int64; None: row r is request r's only partial
+    merge_pads: torch.Tensor | None  # [num_requests, depth, 1] bool; None: no pads
 
     @classmethod
     def build(
         cls, segments: BatchSegments, rows: torch.Tensor, kv_bytes_per_token: int = 0, page_size: int = 1
     ) -> DecodePlan:
         """Bucket spans by (power-of-two length, power-of-two query count), so padding wastes < 2x each way;
-        a bucket whose K would exceed `GATHER_BYTES` is cut into several. Partials are owned in bucket order.
-        The shared segments (few) and the tails (one per request) go into one array of (row, start, end,
-        queries) and are bucketed there (this runs every forward). Spans are gathered by whole pages of
-        `page_size` slots (SGLang's paged layout; `find_segments` cuts them on page boundaries)."""
+        a bucket whose K would exceed `GATHER_BYTES` is cut into several. The shared segments (few) and the
+        tails (one per request) go into one array of (row, start, end, queries) and are bucketed there, and
+        the merge's rows are listed here, once per forward, so that a layer only indexes with them. Spans are
+        gathered by whole pages of `page_size` slots (SGLang's paged layout; `find_segments` cuts them on page
+        boundaries), so only each page's first slot is looked up."""
         shared = segments.shared
         tails = np.flatnonzero(segments.seq_lens > segments.tail_starts)
         num = np.empty((len(shared) + tails.size, 4), dtype=np.int64)
@@ -67,18 +67,45 @@ class DecodePlan:
         key = _ceil_log2(lengths) * 64 + _ceil_log2(num[:, 3])
         order = np.argsort(key, kind="stable")
         cuts = np.flatnonzero(np.diff(key[order])) + 1
-        table = host_rows(rows)
+        pages = host_rows(rows)[:, ::page_size]  # each page's first slot
+        device = rows.device
         buckets: list[Bucket] = []
+        queries: list[np.ndarray] = []  # per bucket, its (span, query) rows' requests
+        pads: list[
+            tuple[int, np.ndarray]
+        ] = []  # (first row, which rows are real) of buckets with pad queries
+        first_row = 0
         for picked in np.split(order, cuts):
-            max_tokens = int(lengths[picked].max())
-            span_bytes = kv_bytes_per_token * max_tokens
-            per_gather = max(1, GATHER_BYTES // span_bytes) if span_bytes else len(picked)
             members = [shared[i].members for i in picked.tolist() if i < len(shared)]
-            full, num_queries = _bucket(members, num[picked], table, page_size, rows.device)
-            for first in range(0, len(picked), per_gather):
-                buckets.append(_cut(full, num_queries, first, first + per_gather))
-        owners = torch.cat([bucket.owners for bucket in buckets])
-        return cls(segments.num_requests, tuple(buckets), owners)
+            kv_pages, kv_bias, span_queries, counts = _bucket(members, num[picked], pages, page_size)
+            num_spans, num_queries = span_queries.shape
+            span_bytes = kv_bytes_per_token * int(lengths[picked].max())
+            per_gather = max(1, GATHER_BYTES // span_bytes) if span_bytes else num_spans
+            pages_t = torch.from_numpy(kv_pages).to(device)
+            lengths_t = torch.from_numpy(lengths[picked]).to(device)
+            bias_t = None if kv_bias is None else torch.from_numpy(kv_bias).to(device)
+            for first in range(0, num_spans, per_gather):
+                end = first + per_gather
+                bias = None if bias_t is None else bias_t[first:end]
+                row = first_row + first * num_queries
+                buckets.append(
+                    Bucket(pages_t[first:end], page_size, lengths_t[first:end], bias, num_queries, row)
+                )
+            if num_queries > 1 and int(counts.min()) < num_queries:
+                pads.append((first_row, (np.arange(num_queries) < counts[:, None]).reshape(-1)))
+            first_row += num_spans * num_queries
+            queries.append(span_queries.reshape(-1))
+        owners = np.concatenate(queries)
+        real = None
+        if pads:
+            real = np.ones(owners.size, dtype=bool)
+            for first, mask in pads:
+                real[first : first + mask.size] = mask
+        merge_rows, merge_pads = _merge_rows(owners, real, segments.num_requests)
+        query_rows = torch.from_numpy(owners).to(device)
+        merge_rows = None if merge_rows is None else torch.from_numpy(merge_rows).to(device)
+        merge_pads = None if merge_pads is None else torch.from_numpy(merge_pads).to(device)
+        return cls(segments.num_requests, tuple(buckets), query_rows, merge_rows, merge_pads)
 
 
 class GatherScratch:
@@ -183,12 +210,13 @@ def grouped_decode(
     `attend` does one bucket's spans (default: `GatherThenAttend`, with scratch of its own).
 
     How it works: a `DecodePlan` turns a batch's spans (`segments.py`) into a few padded batches ("buckets")
-    of spans of similar length and query count, with the KV slot indices and query rows of each, built once
-    per forward. Per layer, each bucket's spans are attended by a `SpanAttention` (their K and V read once for
-    all of a span's queries, the query heads of one KV head side by side for GQA), which keeps each query's
-    partial output with its log-sum-exp. A request's partials (one per span on its path, its tail included)
-    merge exactly: out = sum_j exp(lse_j - LSE) o_j with LSE = logsumexp_j lse_j, done for the whole batch by
-    scatter operations in float32; the output has the query's dtype."""
+    of spans of similar length and query count, with the KV pages and query rows of each, built once per
+    forward. Per layer, every bucket's queries are gathered in one index, and each bucket's spans are attended
+    by a `SpanAttention` (their K and V read once for all of a span's queries, the query heads of one KV head
+    side by side for GQA), which keeps each query's partial output with its log-sum-exp. A request's partials
+    (one per span on its path, its tail included) merge exactly: out = sum_j exp(lse_j - LSE) o_j with
+    LSE = logsumexp_j lse_j, i.e. a softmax over the partials' log-sum-exps, done for the whole batch on the
+    partials gathered side by side in float32 (`merge_partials`); the output has the query's dtype."""
     attend = attend if attend is not None else GatherThenAttend()
     num_requests, num_q_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
@@ -196,33 +224,32 @@ def grouped_decode(
         raise ValueError(f"{num_q_heads} query heads do not split over {num_kv_heads} KV heads")
     group = num_q_heads // num_kv_heads
     v_dim = v_buffer.shape[2]
+    every_query = q.index_select(0, plan.query_rows)  # [num_rows, q_heads, D], bucket by bucket
     outs, lses = [], []
     for bucket in plan.buckets:
-        num_spans, num_queries = bucket.q_index.shape
+        num_spans, num_queries = bucket.kv_pages.shape[0], bucket.num_queries
         # [S, Hkv, N * group, D]: one KV head's query heads side by side, each span's queries together.
         queries = (
-            q.index_select(0, bucket.q_index.view(-1))
+            every_query[bucket.first_row : bucket.first_row + num_spans * num_queries]
             .view(num_spans, num_queries, num_kv_heads, group, head_dim)
             .transpose(1, 2)
             .reshape(num_spans, num_kv_heads, num_queries * group, head_dim)
         )
         out, lse = attend(queries, k_buffer, v_buffer, bucket, scaling)
-        # Back to one row per (span, query), its query heads in order.
-        out = (
+        # Back to one row per (span, query), its query heads in order (views where Hkv or N is 1).
+        outs.append(
             out.view(num_spans, num_kv_heads, num_queries, group, v_dim)
             .transpose(1, 2)
             .reshape(num_spans * num_queries, num_q_heads, v_dim)
         )
-        lse = (
+        lses.append(
             lse.view(num_spans, num_kv_heads, num_queries, group)
             .transpose(1, 2)
             .reshape(num_spans * num_queries, num_q_heads)
         )
-        if bucket.valid_rows is not None:
-            out, lse = out.index_select(0, bucket.valid_rows), lse.index_select(0, bucket.valid_rows)
-        outs.append(out.float())
-        lses.append(lse.float())
-    return merge_partials(torch.cat(outs), torch.cat(lses), plan.partial_owner, num_requests).to(q.dtype)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    lse = lses[0] if len(lses) == 1 else torch.cat(lses)
+    return merge_partials(out.float(), lse.float(), plan.merge_rows, plan.merge_pads).to(q.dtype)
 
 
 def attend_with_lse(
@@ -255,18 +282,23 @@ def attend_with_lse_unfused(
 
 
 def merge_partials(
-    outs: torch.Tensor, lses: torch.Tensor, owner: torch.Tensor, num_requests: int
+    outs: torch.Tensor, lses: torch.Tensor, rows: torch.Tensor | None, pads: torch.Tensor | None
 ) -> torch.Tensor:
-    """Exact log-sum-exp merge of partial attention results [P, H, Dv] (lse [P, H]) into [num_requests, H, Dv]."""
-    num_heads = lses.shape[1]
-    index = owner[:, None].expand(-1, num_heads)
-    top = torch.full((num_requests, num_heads), float("-inf"), dtype=lses.dtype, device=lses.device)
-    top.scatter_reduce_(0, index, lses, reduce="amax")
-    weight = torch.exp(lses - top.index_select(0, owner))  # [P, H]
-    total = torch.zeros_like(top).index_add_(0, owner, weight)
-    merged = torch.zeros((num_requests, num_heads, outs.shape[2]), dtype=outs.dtype, device=outs.device)
-    merged.index_add_(0, owner, outs * weight[..., None])
-    return merged / total[..., None]
+    """Exact log-sum-exp merge of partial results [P, H, Dv] (lse [P, H], float32) into [R, H, Dv]: request
+    r's partials are rows `rows[r]` ([R, depth]; None: row r alone), those `pads` marks ([R, depth, 1])
+    repeats weighed 0. Each partial's weight exp(lse_j - LSE) is the softmax of the lses over a request's."""
+    if rows is None:
+        return outs
+    num_requests, depth = rows.shape
+    flat = rows.view(-1)
+    if depth == 1:
+        return outs.index_select(0, flat)
+    weights = lses.index_select(0, flat).view(num_requests, depth, -1)
+    if pads is not None:
+        weights.masked_fill_(pads, float("-inf"))
+    weights = torch.softmax(weights, dim=1)
+    merged = outs.index_select(0, flat).view(num_requests, depth, *outs.shape[1:])
+    return merged.mul_(weights.unsqueeze(-1)).sum(1)
 
 
 def _gather_pages(
@@ -281,52 +313,54 @@ def _gather_pages(
 
 
 def _bucket(
-    members: list[tuple[int, ...]], num: np.ndarray, table: np.ndarray, page_size: int, device: torch.device
-) -> tuple[Bucket, np.ndarray]:
+    members: list[tuple[int, ...]], num: np.ndarray, pages: np.ndarray, page_size: int
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
     """All of a shape's spans (`num`: their rows of (row, start, end, queries); `members`: the shared spans'
-    queries, which come first in a bucket with any) in one padded bucket (`_cut` takes its gathers out of it)
-    and each span's query count; indices are built on the host, moved once."""
+    queries, which come first in a bucket with any) padded to one shape, from each row's page-first slots
+    `pages`: their KV pages [S, P], the additive bias [S, 1, 1, P * page_size] (None: no pads), their queries
+    [S, N] (pads repeat the first) and each span's number of real queries."""
     leaders, starts, ends, num_members = num.T
     lengths = ends - starts
     max_pages, max_queries = -(-int(lengths.max()) // page_size), int(num_members.max())
     max_tokens = max_pages * page_size
-    positions = starts[:, None] + np.arange(0, max_tokens, page_size)[None, :]  # each page's first token
+    # A span's pages from its first; pad pages repeat its last real page, masked by the bias.
+    columns = np.minimum(
+        starts[:, None] // page_size + np.arange(max_pages), (ends[:, None] - 1) // page_size
+    )
+    kv_pages = pages[leaders[:, None], columns].astype(np.int64) // page_size
     kv_bias = None
     if int(lengths.min()) < max_tokens:
         pad = np.arange(max_tokens)[None, :] >= lengths[:, None]
-        bias = np.where(pad, np.float32(-np.inf), np.float32(0))[:, None, None, :]
-        kv_bias = torch.from_numpy(bias).to(device)
-        positions[positions >= ends[:, None]] = 0  # whole pad pages read the leader's first page, masked
-    kv_pages = torch.from_numpy(table[leaders[:, None], positions].astype(np.int64) // page_size).to(device)
+        kv_bias = np.where(pad, np.float32(-np.inf), np.float32(0))[:, None, None, :]
     if max_queries == 1:  # private spans: the leader is the only query
         queries = leaders[:, None].copy()
     else:
         queries = np.repeat(leaders[:, None], max_queries, axis=1)  # pads repeat the first query
         for s, span_members in enumerate(members):
             queries[s, : len(span_members)] = span_members
-    q_index = torch.from_numpy(queries).to(device)
-    lengths_t = torch.from_numpy(lengths.copy()).to(device)
-    bucket = Bucket(kv_pages, page_size, lengths_t, kv_bias, q_index, None)
-    return bucket, num_members
+    return kv_pages, kv_bias, queries, num_members
 
 
-def _cut(bucket: Bucket, num_queries: np.ndarray, first: int, end: int) -> Bucket:
-    """Spans [first, end) of a bucket (views), with the rows of their real queries where some are pads."""
-    max_queries = bucket.q_index.shape[1]
-    valid_rows = None
-    counts = num_queries[first:end]
-    if int(counts.min()) < max_queries:
-        real = np.arange(max_queries)[None, :] < counts[:, None]
-        valid_rows = torch.from_numpy(np.flatnonzero(real)).to(bucket.q_index.device)
-    bias = None if bucket.kv_bias is None else bucket.kv_bias[first:end]
-    return Bucket(
-        bucket.kv_pages[first:end],
-        bucket.page_size,
-        bucket.lengths[first:end],
-        bias,
-        bucket.q_index[first:end],
-        valid_rows,
-    )
+def _merge_rows(
+    owners: np.ndarray, real: np.ndarray | None, num_requests: int
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """`DecodePlan.merge_rows` and `merge_pads` from the request of each partial row and which rows are real
+    (None: all): each request's real rows in row order, side by side, a request with fewer padded with its
+    first. Where every request has as many partials (one group, or nothing shared), it is one reshape."""
+    rows = np.arange(owners.size) if real is None else np.flatnonzero(real)
+    owners = owners[rows]
+    by_owner = np.argsort(owners, kind="stable")
+    rows = rows[by_owner]
+    counts = np.bincount(owners, minlength=num_requests)
+    depth = int(counts.max(initial=1))
+    if int(counts.min(initial=depth)) == depth:
+        if depth == 1 and bool((rows == np.arange(num_requests)).all()):
+            return None, None  # the rows are the requests, in order
+        return rows.reshape(num_requests, depth), None
+    firsts = np.cumsum(counts) - counts
+    merge_rows = np.repeat(rows[firsts][:, None], depth, axis=1)
+    merge_rows[owners[by_owner], np.arange(rows.size) - np.repeat(firsts, counts)] = rows
+    return merge_rows, (np.arange(depth) >= counts[:, None])[:, :, None]
 
 
 def _ceil_log2(values: np.ndarray) -> np.ndarray:

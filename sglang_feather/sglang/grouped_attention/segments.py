@@ -124,9 +124,9 @@ def find_segments(rows: torch.Tensor, seq_lens: list[int], page_size: int = 1) -
         raise ValueError(
             f"rows must be [num_requests, length] for {len(seq_lens)} requests, got {tuple(rows.shape)}"
         )
-    lens = np.array(seq_lens, dtype=np.int64)
-    if lens.size and (lens.min() < 1 or lens.max() > rows.shape[1]):
+    if seq_lens and (min(seq_lens) < 1 or max(seq_lens) > rows.shape[1]):  # on the list: no array calls
         raise ValueError(f"every seq_len must be in [1, {rows.shape[1]}], got {seq_lens}")
+    lens = np.array(seq_lens, dtype=np.int64)
     table = host_rows(rows)
     tail_starts = np.zeros(len(lens), dtype=np.int64)
     shared: list[Span] = []
