@@ -71,9 +71,8 @@ class DecodePlan:
         device = rows.device
         buckets: list[Bucket] = []
         queries: list[np.ndarray] = []  # per bucket, its (span, query) rows' requests
-        pads: list[
-            tuple[int, np.ndarray]
-        ] = []  # (first row, which rows are real) of buckets with pad queries
+        # (first row, which of its rows are real) of each bucket with pad queries
+        pads: list[tuple[int, np.ndarray]] = []
         first_row = 0
         for picked in np.split(order, cuts):
             members = [shared[i].members for i in picked.tolist() if i < len(shared)]
@@ -101,10 +100,10 @@ class DecodePlan:
             real = np.ones(owners.size, dtype=bool)
             for first, mask in pads:
                 real[first : first + mask.size] = mask
-        merge_rows, merge_pads = _merge_rows(owners, real, segments.num_requests)
+        rows_np, pads_np = _merge_rows(owners, real, segments.num_requests)
         query_rows = torch.from_numpy(owners).to(device)
-        merge_rows = None if merge_rows is None else torch.from_numpy(merge_rows).to(device)
-        merge_pads = None if merge_pads is None else torch.from_numpy(merge_pads).to(device)
+        merge_rows = None if rows_np is None else torch.from_numpy(rows_np).to(device)
+        merge_pads = None if pads_np is None else torch.from_numpy(pads_np).to(device)
         return cls(segments.num_requests, tuple(buckets), query_rows, merge_rows, merge_pads)
 
 
