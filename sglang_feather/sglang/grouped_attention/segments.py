@@ -114,10 +114,11 @@ def find_segments(rows: torch.Tensor, seq_lens: list[int], page_size: int = 1) -
     past it can be stale after a retraction) and rounded down to a page boundary (the radix cache shares whole
     pages). That span becomes a *shared segment*, read once for all of its members' queries, and the subset
     recurses from its end, so a system prompt and a document under it are two nested segments (a subset that
-    shares less than a page splits where it parts, from the same start). What is left of a request below its deepest segment is its
-    private *tail*. Every request's KV `[0, seq_len)` is thus cut into spans; attention over each span gives a
-    partial result and its log-sum-exp, and the partials merge exactly (`kernel.py`). The work is per subset,
-    not per request: members are arrays, and a request's tail start is the end of the last segment it joined."""
+    shares less than a page splits where it parts, from the same start). What is left of a request below its
+    deepest segment is its private *tail*. Every request's KV `[0, seq_len)` is thus cut into spans; attention
+    over each span gives a partial result and its log-sum-exp, and the partials merge exactly (`kernel.py`).
+    The work is per subset, not per request: members are arrays, and a request's tail start is the end of the
+    last segment it joined."""
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
     if rows.dim() != 2 or rows.shape[0] != len(seq_lens):
