@@ -433,13 +433,13 @@ class Admission:
         return self._planner.num_planned
 
     def settle(
-        self, num_admitted: int, refused: bool, rooms: list[int | None] | None = None
+        self, num_admitted: int, refused: bool, rooms: Mapping[int, int | None] | None = None
     ) -> list[Candidate]:
         """The engine admitted the first `num_admitted` planned picks (`refused`: its loop reached the next one
         and its budget refused it). Books them as `decide` and `accept` would have, counts the refused one as
         withdrawn, undoes the rest (plan.py); returns the admitted ones. `rooms`: the engine's room (tokens, as
-        `KvHeadroom.num_free_tokens`; None where it could not say) at each planned pick its loop reached, for
-        the concentration rule (None: none reported). The pass may go on step by step."""
+        `KvHeadroom.num_free_tokens`; None where it could not say) before the i-th planned pick, read where
+        `Concentration.read_points` says, for the concentration rule (None: none reported). The pass may go on step by step."""
         settled = self._planner.settle(self.tree, self.guard, num_admitted, refused)
         if settled.is_aged:
             self._aged_this_pass = True

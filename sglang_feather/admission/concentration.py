@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sglang_feather.admission.costs import KvHeadroom
 from sglang_feather.cht import Candidate, ChunkedHashTree
 
 PRIVATE_WINDOW = 32
-"""Admissions whose measured cost makes the running groups' per-request cost `p` (their mean): a window, so a
-shift in the traffic's private lengths is followed within that many admissions."""
+"""Measured admissions whose cost makes the running groups' per-request cost `p` (their mean, over the runs that
+cover the last this many): a window, so a shift in the traffic's private lengths is followed within about that
+many admissions."""
 
 # How it works.
 #
@@ -19,9 +21,12 @@ shift in the traffic's private lengths is followed within that many admissions."
 # evictable, less what running requests are promised) beyond what running requests already lock: its prompt
 # below the deepest prefix running requests hold, `(num_chunks - depth_running)` chunks, plus what the engine
 # promises it ahead (SGLang reserves its output by `new_token_ratio`; vLLM nothing). A request that joins a
-# running prefix costs its private part alone; `p` is the mean of what those admissions took, read as the
-# room's drop from one decision to the next in a pass (the engine's own accounting, whatever it is) over the
-# last PRIVATE_WINDOW of them, and what they took beyond their prompts is the engine's promise per request.
+# running prefix costs its private part alone; `p` is the mean of what those admissions took, read from the
+# room (the engine's own accounting, whatever it is): a *run* of consecutive such admissions in one pass took
+# the room's drop from before its first to after its last, so the room is read where a run starts and ends,
+# not at every admission (an engine read costs microseconds, and a planned pass admits dozens in a row), and
+# `p` is the mean per admission over the runs that cover the last PRIVATE_WINDOW measured admissions. What they
+# took beyond their prompts is the engine's promise per request.
 # A candidate *locks a new prefix* when it shares a prefix with other requests that no running request holds:
 # its group (first chunk) runs nowhere and has other waiting requests, or the engine's cache holds more of its
 # prompt than running requests do and another waiting request shares that cached part (a cold prompt nothing
@@ -64,6 +69,15 @@ class RoomCheck:
         return self.binds and self.num_cost_tokens > self.mean_cost_tokens
 
 
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Consecutive measured admissions of one pass: the room they took in all, their prompt tokens, how many."""
+
+    num_taken_tokens: int
+    num_prompt_tokens: int
+    num_admissions: int
+
+
 class Concentration:
     """Decides whether a candidate that locks a new prefix is held back for the pass (see "how it works")."""
 
@@ -71,14 +85,24 @@ class Concentration:
         if chunk_size <= 0:
             raise ValueError(f"Concentration chunk_size must be > 0, got {chunk_size!r}")
         self.chunk_size = chunk_size
-        self._costs: deque[tuple[int, int]] = deque(maxlen=PRIVATE_WINDOW)
-        """(room taken, prompt tokens) of the last measured admissions that locked no new prefix."""
-        self._sum_taken = 0
-        self._sum_prompt = 0
-        self._last_room: int | None = None
-        """The room at this pass's last decision."""
-        self._pending: int | None = None
-        """The prompt tokens of the admission since that decision, when it locked no new prefix."""
+        self._runs: deque[Run] = deque()
+        """The booked runs that cover the last PRIVATE_WINDOW measured admissions, oldest first."""
+        self._sum_taken = self._sum_prompt = self._num_measured = 0
+        # This pass: its admissions so far, and whether the last was measured (None: none yet).
+        self._num_admitted = 0
+        self._last_measured: bool | None = None
+        # The latest read, not yet used: the room (None: the engine could not say) and the admissions before it
+        # (`_read_at`; None: no read waits).
+        self._read_room: int | None = None
+        self._read_at: int | None = None
+        # The last used read's room, and the admissions since (their prompt tokens; all measured or not).
+        self._used_room: int | None = None
+        self._num_since = self._prompt_since = 0
+        self._since_measured = True
+        # The open run: the room before its first admission (None: no run open), the last used read inside it,
+        # and the admissions up to that read with their prompt tokens.
+        self._run_start: int | None = None
+        self._run_end = self._run_admissions = self._run_prompt = 0
 
     @staticmethod
     def locks_new_prefix(candidate: Candidate, tree: ChunkedHashTree) -> bool:
@@ -92,64 +116,158 @@ class Concentration:
             return True
         return candidate.adds_group and tree.num_waiting_holding(candidate.request_id, 1) > 1
 
+    @staticmethod
+    def is_measured(candidate: Candidate) -> bool:
+        """Its admission measures `p`: it joins a prefix running requests hold and locks none of the cache's."""
+        return not candidate.adds_group and candidate.depth_cached <= candidate.depth_running
+
+    @staticmethod
+    def _is_read_point(num_admitted: int, last_measured: bool | None, measured: bool) -> bool:
+        """A read before the pass's admission number `num_admitted` (from 0) is used where a run may start or
+        end (the pass's first admission, or one measured where the last was not or the other way round) and
+        before the 1st, 2nd, 4th, 8th, ... admission, so a pass that ends with no read after its last admission
+        (its queue or its batch full) still measures at least half of its last run."""
+        return last_measured is None or last_measured != measured or num_admitted & (num_admitted - 1) == 0
+
+    def read_points(
+        self, picks: Sequence[Candidate], previous: Candidate | None, num_planned: int
+    ) -> list[bool]:
+        """Whether the rule needs the room read before each of `picks` (a planned block: admitted in order after
+        `num_planned` earlier picks of the plan, the last of them `previous`, from this pass's admissions so
+        far); a planned pass reads it there, and after a refusal."""
+        k = self._num_admitted + num_planned
+        last = self._last_measured if previous is None else self.is_measured(previous)
+        points = []
+        for candidate in picks:  # `is_measured` and `_is_read_point`, inline: a block holds dozens of picks
+            depth = candidate.depth_running
+            measured = depth > 0 and candidate.depth_cached <= depth
+            points.append(last is None or last != measured or k & (k - 1) == 0)
+            last, k = measured, k + 1
+        return points
+
     def prompt_tokens(self, candidate: Candidate) -> int:
         """The prompt tokens admitting `candidate` takes beyond what running requests lock."""
         return (candidate.num_chunks - candidate.depth_running) * self.chunk_size
 
     @property
     def mean_cost_tokens(self) -> float | None:
-        """`p`: the mean room the last measured admissions of running groups took (None before the first)."""
-        return self._sum_taken / len(self._costs) if self._costs else None
+        """`p`: the mean room the last measured admissions of running groups took, the open run's so far
+        included (None before the first)."""
+        num_taken, _, num_measured = self._totals()
+        return num_taken / num_measured if num_measured else None
 
     @property
     def promise_tokens(self) -> float:
         """What the engine promised those admissions beyond their prompts, per request (0 before any)."""
-        return max(0.0, (self._sum_taken - self._sum_prompt) / len(self._costs)) if self._costs else 0.0
+        num_taken, num_prompt, num_measured = self._totals()
+        return max(0.0, (num_taken - num_prompt) / num_measured) if num_measured else 0.0
+
+    def _totals(self) -> tuple[int, int, int]:
+        """Room taken, prompt tokens and admissions over the window's runs and the open run's measured part."""
+        if self._run_start is None:
+            return self._sum_taken, self._sum_prompt, self._num_measured
+        return (
+            self._sum_taken + max(0, self._run_start - self._run_end),
+            self._sum_prompt + self._run_prompt,
+            self._num_measured + self._run_admissions,
+        )
 
     def room_seen(self, room: KvHeadroom | None) -> None:
-        """The engine's room at a decision of this pass: the drop since the last one is what the admission
-        between them took (measured when that admission locked no new prefix)."""
-        num_free = None if room is None else room.num_free_tokens
-        if self._pending is not None and self._last_room is not None and num_free is not None:
-            self._measured(max(0, self._last_room - num_free), self._pending)
-        self._last_room, self._pending = num_free, None
-
-    def replay(self, rooms: list[int | None], admitted: list[Candidate]) -> None:
-        """`room_seen` and `admitted` for decisions made ahead of the rule (a planned pass): at the i-th the
-        engine had `rooms[i]` tokens of room (None: it could not say), and the first `len(admitted)` were
-        admitted, in order. Only the last PRIVATE_WINDOW measurements stay in the window, so only those are
-        booked."""
-        last, pending = self._last_room, self._pending
-        measured: list[tuple[int, int]] = []
-        for i, num_free in enumerate(rooms):
-            if pending is not None and last is not None and num_free is not None:
-                measured.append((max(0, last - num_free), pending))
-            last, pending = num_free, None
-            if i < len(admitted):
-                candidate = admitted[i]
-                if candidate.depth_running and candidate.depth_cached <= candidate.depth_running:
-                    pending = (candidate.num_chunks - candidate.depth_running) * self.chunk_size
-        for num_taken, num_prompt in measured[-PRIVATE_WINDOW:]:
-            self._measured(num_taken, num_prompt)
-        self._last_room, self._pending = last, pending
+        """The engine's room at a decision of this pass (the step path reads it at every decision; the rule
+        uses the reads `_is_read_point` names and the pass's last one)."""
+        self._read_room = None if room is None else room.num_free_tokens
+        self._read_at = self._num_admitted
 
     def admitted(self, candidate: Candidate) -> None:
-        """The last decision's candidate was admitted: its cost is read at the pass's next decision when it
-        joined a prefix running requests hold and locked none of the cache's."""
-        joins_running = not candidate.adds_group and candidate.depth_cached <= candidate.depth_running
-        self._pending = self.prompt_tokens(candidate) if joins_running else None
+        """The last decision's candidate was admitted."""
+        self._admitted_all((candidate,))
+
+    def replay(self, rooms: Mapping[int, int | None], admitted: Sequence[Candidate]) -> None:
+        """`room_seen` and `admitted` for decisions made ahead of the rule (a planned pass): the first
+        `len(admitted)` were admitted, in order, and the engine had `rooms[i]` tokens of room (None: it could
+        not say) before the i-th, read where `read_points` said (`rooms[len(admitted)]`: after the last, read at
+        a refusal)."""
+        done = 0
+        for i in sorted(rooms):
+            self._admitted_all(admitted[done:i])
+            self._read_room, self._read_at = rooms[i], self._num_admitted
+            done = i
+        self._admitted_all(admitted[done:])
+
+    def _admitted_all(self, candidates: Sequence[Candidate]) -> None:
+        """Admissions in a row with no read between them: the latest read is used when it was taken right before
+        the first and that is a read point."""
+        if not candidates:
+            return
+        k, last = self._num_admitted, self._last_measured
+        if self._read_at == k:
+            first = candidates[0]
+            if self._is_read_point(k, last, self.is_measured(first)):
+                self._use_read(self._read_room)
+            self._read_at = None
+        num_prompt, all_measured, chunk_size = 0, True, self.chunk_size
+        for candidate in candidates:  # `is_measured` and `prompt_tokens`, inline: a plan admits dozens
+            depth = candidate.depth_running
+            last = depth > 0 and candidate.depth_cached <= depth
+            if last:
+                num_prompt += (candidate.num_chunks - depth) * chunk_size
+            else:
+                all_measured = False
+        self._num_admitted = k + len(candidates)
+        self._last_measured = last
+        self._num_since += len(candidates)
+        self._prompt_since += num_prompt
+        self._since_measured = self._since_measured and all_measured
 
     def pass_ended(self) -> None:
-        self._last_room = self._pending = None
+        """The pass's last read counts when no admission came after it; admissions after the last used read go
+        unmeasured."""
+        if self._read_at == self._num_admitted:
+            self._use_read(self._read_room)
+        self._close_run()
+        self._num_admitted = 0
+        self._last_measured = self._read_at = self._used_room = None
+        self._num_since = self._prompt_since = 0
+        self._since_measured = True
 
-    def _measured(self, num_taken: int, num_prompt: int) -> None:
-        if len(self._costs) == self._costs.maxlen:
-            old_taken, old_prompt = self._costs[0]
-            self._sum_taken -= old_taken
-            self._sum_prompt -= old_prompt
-        self._costs.append((num_taken, num_prompt))
-        self._sum_taken += num_taken
-        self._sum_prompt += num_prompt
+    def _use_read(self, num_free: int | None) -> None:
+        """A used read of the room: the admissions since the last one extend the open run when all of them are
+        measured and both reads say; any other admission between them ends it."""
+        if self._num_since:
+            if self._since_measured and self._used_room is not None and num_free is not None:
+                if self._run_start is None:
+                    self._run_start, self._run_admissions, self._run_prompt = self._used_room, 0, 0
+                self._run_end = num_free
+                self._run_admissions += self._num_since
+                self._run_prompt += self._prompt_since
+                self._drop_old_runs()
+            else:
+                self._close_run()
+        self._used_room = num_free
+        self._num_since = self._prompt_since = 0
+        self._since_measured = True
+
+    def _close_run(self) -> None:
+        """Book the open run into the window."""
+        if self._run_start is None:
+            return
+        run = Run(max(0, self._run_start - self._run_end), self._run_prompt, self._run_admissions)
+        self._run_start = None
+        self._runs.append(run)
+        self._sum_taken += run.num_taken_tokens
+        self._sum_prompt += run.num_prompt_tokens
+        self._num_measured += run.num_admissions
+
+    def _drop_old_runs(self) -> None:
+        """Drop the oldest booked runs that the newer ones and the open run no longer need to cover the last
+        PRIVATE_WINDOW measured admissions."""
+        num_open = self._run_admissions if self._run_start is not None else 0
+        runs = self._runs
+        while runs and self._num_measured + num_open - runs[0].num_admissions >= PRIVATE_WINDOW:
+            old = runs.popleft()
+            self._sum_taken -= old.num_taken_tokens
+            self._sum_prompt -= old.num_prompt_tokens
+            self._num_measured -= old.num_admissions
 
     def check(self, candidate: Candidate, num_waiting: int, room: KvHeadroom) -> RoomCheck | None:
         """The rule's inputs for a candidate that locks a new prefix, `num_waiting` requests waiting (None before

@@ -23,8 +23,9 @@ from sglang_feather.sglang.slots import QueueSlots
 # that goes on after it steps: when the plan ended before a pick the concentration rule decides (or planned
 # nothing), that pick is offered where the loop reaches next, as the step path would, and once the step path
 # admitted it the rest of the pass is planned again (unless a hold or a STOP closed it). With the rule on, the
-# adder also reports SGLang's KV room at each planned request its loop reaches (`room`), which `settle` shows
-# the rule. The admissions are the same as the step path's (tests/sglang/test_planned_pass.py).
+# adder also reports SGLang's KV room before the planned requests where the rule reads it (`room_reads`,
+# `Concentration.read_points`) and after a refusal (`room`), which `settle` shows the rule. The admissions are
+# the same as the step path's (tests/sglang/test_planned_pass.py).
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +82,11 @@ class PlannedPasses:
         """Where this plan's requests start in the queue (0 but for a plan of the rest of a pass)."""
         self.resume_slot = 0
         """Where the step path goes on after a plan that settled with nothing left to plan."""
-        self.planned_rooms: list[int | None] | None = None
-        """SGLang's KV room (tokens) at each planned request its loop reached, for the concentration rule (None:
-        no plan, or the rule is off)."""
+        self.room_reads: list[bool] | None = None
+        """Whether the adder reads SGLang's KV room before `planned[k]`, for the concentration rule (None: no
+        plan, or the rule is off)."""
+        self.planned_rooms: dict[int, int | None] = {}
+        """The rooms read (tokens), by plan index: before `planned[k]`, or after a refusal at k."""
 
     def begin(self, batch_size: int, slot: int = 0) -> Settled | None:
         """Plan the pass's first block from `queue[slot]` on (0: its start; later, after a request the step path
@@ -100,7 +103,8 @@ class PlannedPasses:
         else:  # the budget ends the block; twice the last pass's admissions bound it where picks are cheap
             self._block = 2 * (self.last_num_admitted + 1)
         self._block_missing = self._budget_chunks
-        self.planned_rooms = [] if self.admission.concentration is not None else None
+        self.room_reads = [] if self.admission.concentration is not None else None
+        self.planned_rooms = {}
         self._plan_block(batch_size, planned)
         if not planned:
             return self.settle()
@@ -113,6 +117,10 @@ class PlannedPasses:
         self._block *= 2
         if self._block_missing is not None:
             self._block_missing *= 2
+        rule = self.admission.concentration
+        if self.room_reads is not None and rule is not None:
+            previous = self.picks[-1] if self.picks else None
+            self.room_reads += rule.read_points(picks, previous, len(self.picks))
         self.picks += picks
         planned += self.slots.place(picks, self.plan_slot + len(planned))
 
@@ -139,11 +147,10 @@ class PlannedPasses:
             return self.settle()
         return None
 
-    def room(self, num_free_tokens: int | None) -> None:
-        """SGLang's loop reached a planned request with `num_free_tokens` of KV room (the concentration rule's
-        measure of what the admission before it took; `planned_rooms`)."""
-        if self.planned_rooms is not None:
-            self.planned_rooms.append(num_free_tokens)
+    def room(self, k: int, num_free_tokens: int | None) -> None:
+        """SGLang had `num_free_tokens` of KV room before `planned[k]` (or after refusing it: the same room), for
+        the concentration rule (`planned_rooms`)."""
+        self.planned_rooms[k] = num_free_tokens
 
     def refused(self) -> Settled | None:
         """SGLang's budget refused the planned request its loop reached: the plan settles (the pass ends there,
@@ -172,7 +179,7 @@ class PlannedPasses:
         self.slots.drop_moved(mark, num_admitted)
         stats = self.admission.stats
         num_consults, num_group = stats.num_consults, stats.num_group_consults
-        rooms, self.planned_rooms = self.planned_rooms, None
+        rooms, self.planned_rooms = self.planned_rooms, {}
         admitted = self.admission.settle(num_admitted, self._refused, rooms)
         num_new_group = stats.num_group_consults - num_group
         return Settled(
@@ -183,4 +190,4 @@ class PlannedPasses:
 
     def close(self) -> None:
         """Drop the plan (settled, or abandoned after an exception)."""
-        self.planned = self.planned_can_run = None
+        self.planned = self.planned_can_run = self.room_reads = None

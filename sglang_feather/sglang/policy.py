@@ -107,6 +107,7 @@ class FeatherAdderMixin(_AdderHost):
         planned = plans.planned
         if planned:  # the plan's admissions so far are a prefix of it: is `req` the next one?
             if plans.planned_can_run is None:
+                k = 0
                 is_planned = planned[0] is req
                 if is_planned:  # the plan's first request: the loop's admissions from here on are the plan's
                     feather.plan_reached(can_run)
@@ -114,10 +115,13 @@ class FeatherAdderMixin(_AdderHost):
                 k = len(can_run) - plans.planned_mark  # `num_planned_admitted`, read here without a call
                 is_planned = k < len(planned) and planned[k] is req
             if is_planned:
-                if plans.planned_rooms is not None:  # the concentration rule measures each admission
-                    feather.planned_room(kv_free_tokens, self)
+                reads = plans.room_reads
+                if reads is not None and reads[k]:  # where the concentration rule reads the room
+                    feather.planned_room(kv_free_tokens, self, k)
                 result = super().add_one_req(req, has_chunked_req, truncation_align_size)
                 if not (can_run and can_run[-1] is req):
+                    if reads is not None:  # the room after the plan's last admission (a refusal takes none)
+                        feather.planned_room(kv_free_tokens, self, k)
                     feather.planned_refused()
                 elif req is planned[-1]:
                     feather.planned_all_added()

@@ -371,10 +371,11 @@ class FeatherRuntime:
             self._offer(self.plans.resume_slot)
         return settled
 
-    def planned_room(self, room: Callable[[Any], int | None], adder: Any) -> None:
-        """SGLang's loop reached a planned request: `room(adder)` is its KV room now (`PlannedPasses.room`)."""
+    def planned_room(self, room: Callable[[Any], int | None], adder: Any, k: int) -> None:
+        """SGLang's loop reached `planned[k]` (or refused it): `room(adder)` is its KV room now
+        (`PlannedPasses.room`)."""
         t0 = time.perf_counter()
-        self.plans.room(room(adder))
+        self.plans.room(k, room(adder))
         self._step_s += time.perf_counter() - t0
 
     def planned_refused(self) -> None:

@@ -9,6 +9,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from sglang_feather.admission import Admission, AdmissionConfig, KvHeadroom
 from sglang_feather.admission.concentration import PRIVATE_WINDOW, Concentration
 from sglang_feather.admission.demand import WaitingDemand
+from sglang_feather.cht import Candidate
 from sglang_feather.sim.engine import SimClock
 
 CHUNK = 4
@@ -145,10 +146,44 @@ def test_p_is_the_rooms_drop_per_admission_and_the_promise_what_it_takes_beyond_
     for rid in ("a0", "a1", "a2", "x"):
         adm.finish(rid)
     adm.enqueue("c0", GROUP_A + [50] * 8)
-    for i in range(PRIVATE_WINDOW + 2):
+    for i in range(2 * PRIVATE_WINDOW + 2):
         adm.enqueue(f"b{i}", GROUP_A + [60 + i] * 4)
     run_pass(adm, pool)
-    assert conc.mean_cost_tokens == 4 + 5, "the window keeps the last PRIVATE_WINDOW measurements"
+    assert conc.mean_cost_tokens == 4 + 5, (
+        "the room is read before the pass's 64th admission: b0-b62 joined c0's group in one run of 63 "
+        "measured admissions, which alone covers the window (a1 and a2's run of 13 each left it)"
+    )
+
+
+def _joins(rid: str, num_private: int) -> Candidate:
+    """A candidate that joins a running prefix of 8 chunks with `num_private` chunks of its own."""
+    return Candidate(rid, 8 + num_private, num_private, 8, 8, 8, 8, 0, 0.0)
+
+
+def _new_group(rid: str) -> Candidate:
+    return Candidate(rid, 8, 8, 0, 0, 8, 0, 0, 0.0)
+
+
+def test_a_run_is_read_where_it_turns_and_before_the_passs_power_of_two_admissions():
+    """Step by step (a read at every decision), the rule uses the reads before the 1st, 2nd, 4th, ... admission
+    and where measured and unmeasured admissions meet; a pass that ends with no read after its last admission
+    measures its run up to the last used read. The planned pass reads at exactly those points."""
+    conc = Concentration(CHUNK)
+    picks = [_new_group("g"), *(_joins(f"j{i}", 1 + i % 3) for i in range(6)), _new_group("h")]
+    assert conc.read_points(picks, None, 0) == [True, True, True, False, True, False, False, True]
+    room = 10_000
+    for pick in picks[:6]:  # g, then j0-j4 take 4 + (1 + i % 3) * 4 tokens each (a promise of 4)
+        conc.room_seen(KvHeadroom(room, 20_000))
+        conc.admitted(pick)
+        room -= 8 * CHUNK + 4 if pick.adds_group else 4 + pick.num_missing * CHUNK
+    conc.pass_ended()  # j4 was the last admission: nothing read the room after it
+    # reads used: before g (k=0), j0 (k=1, measured after unmeasured), j1 (k=2), j3 (k=4): the run j0-j2
+    assert conc.mean_cost_tokens == (8 + 12 + 16) / 3
+    assert conc.promise_tokens == 4
+    planned = Concentration(CHUNK)
+    planned.replay({0: 10_000, 1: 9_964, 2: 9_956, 4: 9_928}, picks[:6])
+    planned.pass_ended()
+    assert (planned.mean_cost_tokens, planned.promise_tokens) == (conc.mean_cost_tokens, conc.promise_tokens)
 
 
 def test_off_holds_nothing_and_either_way_passes_can_be_planned():
@@ -168,11 +203,81 @@ def _chain(adm: Admission, tokens: list[int]):
 # ----------------------------------------------------------------- against a reference model
 
 
-def reference_holds_back(adm: Admission, measured: list[tuple[int, int]], candidate, room, early) -> bool:
-    """The rule from scratch: group counts recounted from the tree, `p` and the promise from every room drop
-    the test saw (the last PRIVATE_WINDOW)."""
+def used_reads(events: list[tuple]) -> list[tuple]:
+    """The log with only the reads the rule uses: a read followed by an admission where a run may start or
+    end (the pass's first admission, a change between measured and not) or before the pass's 1st, 2nd, 4th,
+    ... admission; or the pass's last read when no admission follows it. A read followed by another read
+    before any admission gives way to it."""
+    kept: list[tuple] = []
+    read = None
+    num_admitted, last = 0, None
+    for event in events:
+        if event[0] == "read":
+            read = event
+            continue
+        if event[0] == "admit":
+            measured = event[1]
+            power = num_admitted & (num_admitted - 1) == 0
+            if read is not None and (last is None or last != measured or power):
+                kept.append(read)
+            num_admitted, last = num_admitted + 1, measured
+        else:  # the pass's end
+            if read is not None:
+                kept.append(read)
+            num_admitted, last = 0, None
+        read = None
+        kept.append(event)
+    return kept
+
+
+def reference_runs(events: list[tuple]) -> list[tuple[int, int, int]]:
+    """The measured runs from scratch, from the rule's event log: ("read", room or None), ("admit", measured,
+    prompt tokens) and ("end",), of which the rule uses the reads `used_reads` keeps. Measured admissions with
+    a used read before and after them (no other admission between) form a run with the measured admissions
+    before them when nothing else came between; a run took the room's drop from the used read before its first
+    admission to the last used read after them."""
+    runs: list[tuple[int, int, int]] = []  # (taken, prompt, admissions)
+    start = last = None  # the open run's first read; the last used read
+    since: list[tuple[bool, int]] = []
+    run_end = run_prompt = run_num = 0
+    for event in used_reads(events):
+        if event[0] == "admit":
+            since.append((event[1], event[2]))
+            continue
+        if event[0] == "end":
+            if start is not None:
+                runs.append((max(0, start - run_end), run_prompt, run_num))
+            start = last = None
+            since = []
+            continue
+        room = event[1]
+        if since:
+            if all(m for m, _ in since) and last is not None and room is not None:
+                if start is None:
+                    start, run_prompt, run_num = last, 0, 0
+                run_end, run_prompt, run_num = (
+                    room,
+                    run_prompt + sum(q for _, q in since),
+                    run_num + len(since),
+                )
+            elif start is not None:
+                runs.append((max(0, start - run_end), run_prompt, run_num))
+                start = None
+        last, since = room, []
+    if start is not None:
+        runs.append((max(0, start - run_end), run_prompt, run_num))
+    return runs
+
+
+def reference_holds_back(adm: Admission, events: list[tuple], candidate, room, early) -> bool:
+    """The rule from scratch: group counts recounted from the tree, `p` and the promise from the newest runs of
+    room drops the log shows that cover the last PRIVATE_WINDOW measured admissions."""
+    window: list[tuple[int, int, int]] = []
+    for run in reversed(reference_runs(events)):
+        if sum(n for *_, n in window) >= PRIVATE_WINDOW:
+            break
+        window.append(run)
     tree = adm.tree
-    window = measured[-PRIVATE_WINDOW:]
     if not window or room is None:
         return False
     waiting = Counter(tree.prefix_hash(r) for r in tree.waiting_ids())
@@ -189,8 +294,9 @@ def reference_holds_back(adm: Admission, measured: list[tuple[int, int]], candid
     locks = (candidate.depth_cached > depth and shares_cached) or (adds_group and waiting[group] > 1)
     if not locks:
         return False
-    p = sum(t for t, _ in window) / len(window)
-    promise = max(0.0, sum(t - q for t, q in window) / len(window))
+    num = sum(n for *_, n in window)
+    p = sum(t for t, _, _ in window) / num
+    promise = max(0.0, sum(t - q for t, q, _ in window) / num)
     cost = round((candidate.num_chunks - candidate.depth_running) * CHUNK + promise)
     return cost > p and cost + round(sum(waiting.values()) * p) > room.num_free_tokens
 
@@ -213,24 +319,35 @@ class ConcentrationMachine(RuleBasedStateMachine):
         super().__init__()
         self.adm, self.pool, self.clock = make(capacity=160, reserve=3, max_wait_s=50.0)
         self.n = 0
-        self.measured: list[tuple[int, int]] = []
+        self.events: list[tuple] = []
         self.admitted: Counter = Counter()
         self.left: Counter = Counter()
         self.num_checked = 0
         conc = self.adm.concentration
-        original_holds, original_measured = conc.holds_back, conc._measured
+        original_holds, original_seen = conc.holds_back, conc.room_seen
+        original_admitted, original_ended = conc.admitted, conc.pass_ended
 
         def holds_back(candidate, num_waiting_running, room, tree, early=False):
             verdict = original_holds(candidate, num_waiting_running, room, tree, early)
-            assert verdict == reference_holds_back(self.adm, self.measured, candidate, room, early)
+            assert verdict == reference_holds_back(self.adm, self.events, candidate, room, early)
             self.num_checked += 1
             return verdict
 
-        def measured(num_taken, num_prompt):
-            self.measured.append((num_taken, num_prompt))
-            original_measured(num_taken, num_prompt)
+        def room_seen(room):
+            self.events.append(("read", None if room is None else room.num_free_tokens))
+            original_seen(room)
 
-        conc.holds_back, conc._measured = holds_back, measured
+        def admitted(candidate):
+            measured = Concentration.is_measured(candidate)
+            self.events.append(("admit", measured, conc.prompt_tokens(candidate) if measured else 0))
+            original_admitted(candidate)
+
+        def pass_ended():
+            self.events.append(("end",))
+            original_ended()
+
+        conc.holds_back, conc.room_seen = holds_back, room_seen
+        conc.admitted, conc.pass_ended = admitted, pass_ended
 
     @rule(prompt=PROMPTS, count=st.integers(1, 4))
     def arrive(self, prompt, count):
@@ -300,6 +417,6 @@ def test_the_machine_reaches_holds():
         machine.schedule()
         if i % 3 == 0 and machine.adm.num_active:
             machine.finish(i)
-    assert machine.num_checked > 0 and machine.measured
+    assert machine.num_checked > 0 and reference_runs(machine.events)
     assert machine.adm.stats.num_concentrated > 0
     machine.teardown()
