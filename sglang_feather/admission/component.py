@@ -439,7 +439,8 @@ class Admission:
         and its budget refused it). Books them as `decide` and `accept` would have, counts the refused one as
         withdrawn, undoes the rest (plan.py); returns the admitted ones. `rooms`: the engine's room (tokens, as
         `KvHeadroom.num_free_tokens`; None where it could not say) before the i-th planned pick, read where
-        `Concentration.read_points` says, for the concentration rule (None: none reported). The pass may go on step by step."""
+        `Concentration.read_points` says, for the concentration rule (None: none reported). The pass may go on
+        step by step."""
         settled = self._planner.settle(self.tree, self.guard, num_admitted, refused)
         if settled.is_aged:
             self._aged_this_pass = True

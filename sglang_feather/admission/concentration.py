@@ -17,32 +17,33 @@ many admissions."""
 # How it works.
 #
 # Every prefix some running request holds is locked in the engine's KV pool (not evictable), so a request's
-# cost in batch room is what its admission takes from the engine's room (`KvHeadroom.num_free_tokens`: free plus
-# evictable, less what running requests are promised) beyond what running requests already lock: its prompt
-# below the deepest prefix running requests hold, `(num_chunks - depth_running)` chunks, plus what the engine
-# promises it ahead (SGLang reserves its output by `new_token_ratio`; vLLM nothing). A request that joins a
-# running prefix costs its private part alone; `p` is the mean of what those admissions took, read from the
-# room (the engine's own accounting, whatever it is): a *run* of consecutive such admissions in one pass took
-# the room's drop from before its first to after its last, so the room is read where a run starts and ends,
-# not at every admission (an engine read costs microseconds, and a planned pass admits dozens in a row), and
-# `p` is the mean per admission over the runs that cover the last PRIVATE_WINDOW measured admissions. What they
-# took beyond their prompts is the engine's promise per request.
+# cost in batch room is what its admission takes from the engine's room (`KvHeadroom.num_free_tokens`: free
+# plus evictable, less what running requests are promised) beyond what running requests already lock: its
+# prompt below the deepest prefix running requests hold, `(num_chunks - depth_running)` chunks, plus what the
+# engine promises it ahead (SGLang reserves its output by `new_token_ratio`; vLLM nothing). A request that
+# joins a running prefix costs its private part alone; `p` is the mean of what those admissions took, read
+# from the room (the engine's own accounting, whatever it is): a *run* of consecutive such admissions in one
+# pass took the room's drop from before its first to after its last, so the room is read where a run may start
+# or end and before a pass's 1st, 2nd, 4th, ... admission (`_is_read_point`), not at every admission (an
+# engine read costs microseconds, and a planned pass admits dozens in a row), and `p` is the mean per
+# admission over the runs that cover the last PRIVATE_WINDOW measured admissions. What they took beyond their
+# prompts is the engine's promise per request.
 # A candidate *locks a new prefix* when it shares a prefix with other requests that no running request holds:
 # its group (first chunk) runs nowhere and has other waiting requests, or the engine's cache holds more of its
 # prompt than running requests do and another waiting request shares that cached part (a cold prompt nothing
 # shares, or one whose cached part is its own, a chat turn's history, locks nothing new: it costs its own
-# prompt whenever it runs, and holding it back only lets its cached part be evicted). It then costs its new prompt tokens, that prefix included, plus the promise. The pool
-# *binds* when the room cannot hold both the candidate and what waits (`num_waiting * p`): which requests
-# run is then decided by who takes the room, and every token a new prefix locks is taken from a request that
-# would lock none, so the candidate displaces `cost / p` of them to bring one. A candidate that locks a new
-# prefix and costs more than `p` is then held back for the pass while a request of a running group waits
-# (without one the room would go unused), and the rest of the pass is closed to such candidates
-# (`Admission.hold_back`; the room and the demand fall together as requests join, so it binds for the rest of
-# the pass). The aging guard's pick, due by the overtaken rule or by the bound, is held back whenever the pool
-# binds (even with no running group's request waiting), and the guard is then done for the pass: which group's
-# prefix is locked is the ranking's choice (the heaviest covered group first), not the oldest request's; a
-# cold prompt locks nothing new and is never held. Where the pool does not bind the rule stays out of the way,
-# and so it does until admissions measured `p`.
+# prompt whenever it runs, and holding it back only lets its cached part be evicted). It then costs its new
+# prompt tokens, that prefix included, plus the promise. The pool *binds* when the room cannot hold both the
+# candidate and what waits (`num_waiting * p`): which requests run is then decided by who takes the room, and
+# every token a new prefix locks is taken from a request that would lock none, so the candidate displaces
+# `cost / p` of them to bring one. A candidate that locks a new prefix and costs more than `p` is then held
+# back for the pass while a request of a running group waits (without one the room would go unused), and the
+# rest of the pass is closed to such candidates (`Admission.hold_back`; the room and the demand fall together
+# as requests join, so it binds for the rest of the pass). The aging guard's pick, due by the overtaken rule
+# or by the bound, is held back whenever the pool binds (even with no running group's request waiting), and
+# the guard is then done for the pass: which group's prefix is locked is the ranking's choice (the heaviest
+# covered group first), not the oldest request's; a cold prompt locks nothing new and is never held. Where the
+# pool does not bind the rule stays out of the way, and so it does until admissions measured `p`.
 
 
 @dataclass(frozen=True)
@@ -138,10 +139,9 @@ class Concentration:
         k = self._num_admitted + num_planned
         last = self._last_measured if previous is None else self.is_measured(previous)
         points = []
-        for candidate in picks:  # `is_measured` and `_is_read_point`, inline: a block holds dozens of picks
-            depth = candidate.depth_running
-            measured = depth > 0 and candidate.depth_cached <= depth
-            points.append(last is None or last != measured or k & (k - 1) == 0)
+        for candidate in picks:
+            measured = self.is_measured(candidate)
+            points.append(self._is_read_point(k, last, measured))
             last, k = measured, k + 1
         return points
 
@@ -205,12 +205,11 @@ class Concentration:
             if self._is_read_point(k, last, self.is_measured(first)):
                 self._use_read(self._read_room)
             self._read_at = None
-        num_prompt, all_measured, chunk_size = 0, True, self.chunk_size
-        for candidate in candidates:  # `is_measured` and `prompt_tokens`, inline: a plan admits dozens
-            depth = candidate.depth_running
-            last = depth > 0 and candidate.depth_cached <= depth
+        num_prompt, all_measured = 0, True
+        for candidate in candidates:
+            last = self.is_measured(candidate)
             if last:
-                num_prompt += (candidate.num_chunks - depth) * chunk_size
+                num_prompt += self.prompt_tokens(candidate)
             else:
                 all_measured = False
         self._num_admitted = k + len(candidates)

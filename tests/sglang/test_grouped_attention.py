@@ -150,7 +150,8 @@ def test_plan_cuts_a_bucket_into_gathers_of_bounded_size():
     assert torch.allclose(
         grouped_decode(q, k, v, plan, 0.125), torch_native_decode(batch, q, 0.125), atol=TOLERANCE
     )
-    # Nothing shared: one partial per request, each row once (None: row r is request r).
+    # Nothing shared: one partial per request, each request's query once (so the merge is one row each).
+    assert sorted(plan.query_rows.tolist()) == list(range(len(batch.seq_lens)))
     rows = plan.merge_rows
     assert rows is None or sorted(rows.view(-1).tolist()) == list(range(len(batch.seq_lens)))
 
