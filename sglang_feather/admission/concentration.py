@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from sglang_feather.admission.costs import KvHeadroom
 from sglang_feather.cht import Candidate, ChunkedHashTree
+
+_NUM_CHUNKS = attrgetter("num_chunks")
+_DEPTH_RUNNING = attrgetter("depth_running")
 
 PRIVATE_WINDOW = 32
 """Measured admissions whose cost makes the running groups' per-request cost `p` (their mean, over the runs that
@@ -130,24 +134,34 @@ class Concentration:
         (its queue or its batch full) still measures at least half of its last run."""
         return last_measured is None or last_measured != measured or num_admitted & (num_admitted - 1) == 0
 
-    def read_points(
-        self, picks: Sequence[Candidate], previous: Candidate | None, num_planned: int
-    ) -> list[bool]:
-        """Whether the rule needs the room read before each of `picks` (a planned block: admitted in order after
-        `num_planned` earlier picks of the plan, the last of them `previous`, from this pass's admissions so
-        far); a planned pass reads it there, and after a refusal."""
-        k = self._num_admitted + num_planned
-        last = self._last_measured if previous is None else self.is_measured(previous)
-        points = []
-        for candidate in picks:
-            measured = self.is_measured(candidate)
-            points.append(self._is_read_point(k, last, measured))
-            last, k = measured, k + 1
+    def read_points(self, num_planned: int, num_picks: int, after_measured: bool | None) -> list[bool]:
+        """Whether the rule uses the room read before each of a planned block's `num_picks` picks, admitted in
+        order after `num_planned` earlier picks of the plan (`after_measured`: whether the admission before the
+        block was measured; None: it is the pass's first). A plan holds measured picks only (it ends before any
+        other: `Planner`), so a run turns only at the block's first pick and the other reads are the powers of
+        two: O(log) checks, not one a pick. A planned pass reads the room there, and after a refusal."""
+        start = self._num_admitted + num_planned
+        points = [False] * num_picks
+        if num_picks and self._is_read_point(start, after_measured, True):
+            points[0] = True
+        k = 1 << max(0, start).bit_length()  # the first power of two after `start`
+        while k < start + num_picks:
+            points[k - start] = self._is_read_point(k, True, True)
+            k <<= 1
         return points
+
+    @property
+    def last_measured(self) -> bool | None:
+        """Whether this pass's last admission was measured (None: none yet)."""
+        return self._last_measured
 
     def prompt_tokens(self, candidate: Candidate) -> int:
         """The prompt tokens admitting `candidate` takes beyond what running requests lock."""
-        return (candidate.num_chunks - candidate.depth_running) * self.chunk_size
+        return self.prompt_tokens_all((candidate,))
+
+    def prompt_tokens_all(self, candidates: Sequence[Candidate]) -> int:
+        """`prompt_tokens` summed over `candidates`."""
+        return (sum(map(_NUM_CHUNKS, candidates)) - sum(map(_DEPTH_RUNNING, candidates))) * self.chunk_size
 
     @property
     def mean_cost_tokens(self) -> float | None:
@@ -180,43 +194,37 @@ class Concentration:
 
     def admitted(self, candidate: Candidate) -> None:
         """The last decision's candidate was admitted."""
-        self._admitted_all((candidate,))
+        measured = self.is_measured(candidate)
+        self._admitted_all(1, measured, self.prompt_tokens(candidate) if measured else 0)
 
     def replay(self, rooms: Mapping[int, int | None], admitted: Sequence[Candidate]) -> None:
-        """`room_seen` and `admitted` for decisions made ahead of the rule (a planned pass): the first
-        `len(admitted)` were admitted, in order, and the engine had `rooms[i]` tokens of room (None: it could
-        not say) before the i-th, read where `read_points` said (`rooms[len(admitted)]`: after the last, read at
-        a refusal)."""
+        """`room_seen` and `admitted` for decisions made ahead of the rule (a planned pass, whose picks are all
+        measured: see `read_points`): the first `len(admitted)` were admitted, in order, and the engine had
+        `rooms[i]` tokens of room (None: it could not say) before the i-th, read where `read_points` said
+        (`rooms[len(admitted)]`: after the last, read at a refusal)."""
         done = 0
         for i in sorted(rooms):
-            self._admitted_all(admitted[done:i])
+            if i > done:
+                self._admitted_all(i - done, True, self.prompt_tokens_all(admitted[done:i]))
             self._read_room, self._read_at = rooms[i], self._num_admitted
             done = i
-        self._admitted_all(admitted[done:])
+        if len(admitted) > done:
+            self._admitted_all(len(admitted) - done, True, self.prompt_tokens_all(admitted[done:]))
 
-    def _admitted_all(self, candidates: Sequence[Candidate]) -> None:
-        """Admissions in a row with no read between them: the latest read is used when it was taken right before
-        the first and that is a read point."""
-        if not candidates:
-            return
-        k, last = self._num_admitted, self._last_measured
+    def _admitted_all(self, num: int, measured: bool, num_prompt: int) -> None:
+        """`num` admissions in a row with no read between them, all measured or all not (`num_prompt`: their
+        prompt tokens when measured): the latest read is used when it was taken right before the first and that
+        is a read point."""
+        k = self._num_admitted
         if self._read_at == k:
-            first = candidates[0]
-            if self._is_read_point(k, last, self.is_measured(first)):
+            if self._is_read_point(k, self._last_measured, measured):
                 self._use_read(self._read_room)
             self._read_at = None
-        num_prompt, all_measured = 0, True
-        for candidate in candidates:
-            last = self.is_measured(candidate)
-            if last:
-                num_prompt += self.prompt_tokens(candidate)
-            else:
-                all_measured = False
-        self._num_admitted = k + len(candidates)
-        self._last_measured = last
-        self._num_since += len(candidates)
+        self._num_admitted = k + num
+        self._last_measured = measured
+        self._num_since += num
         self._prompt_since += num_prompt
-        self._since_measured = self._since_measured and all_measured
+        self._since_measured = self._since_measured and measured
 
     def pass_ended(self) -> None:
         """The pass's last read counts when no admission came after it; admissions after the last used read go

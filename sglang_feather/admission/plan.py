@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sglang_feather.admission.concentration import Concentration
 from sglang_feather.admission.due import due_request
 from sglang_feather.admission.results import AdmissionStats
 from sglang_feather.cht import Candidate, ChunkedHashTree
@@ -32,7 +33,7 @@ from sglang_feather.types import RequestId
 # before the first pick that could lock a new prefix (one whose group runs nowhere, or whose cached prefix
 # runs deeper than running requests hold it: the only picks the rule can hold back), which the step-by-step
 # path then decides with the engine's room; every planned pick joins a running group, which the rule never
-# holds back. The engine puts the planned requests where its loop reaches next and its budgets decide how
+# holds back and measures (`Concentration.is_measured` draws the line). The engine puts the planned requests where its loop reaches next and its budgets decide how
 # many join: admissions are a prefix of the plan, since its loop stops at the first refusal.
 # `settle(num_admitted, refused)` does for that prefix what `decide` and `accept` do one request at a time
 # (consults, stats, the real guard; the admission rolls the reward window and shows the concentration rule
@@ -226,22 +227,16 @@ class Planner:
             plan.num_activated = len(plan) - 1
 
     def _stop_at_new_prefix(self, tree: ChunkedHashTree, plan: PassPlan, mark: int) -> None:
-        """End the plan before its first pick from `mark` on that could lock a new prefix (its group runs
-        nowhere, or its cache hit runs deeper than running requests): undo that pick and the ones after it as
+        """End the plan before its first pick from `mark` on that could lock a new prefix, the first one the
+        concentration rule does not measure (its group runs nowhere, or its cache hit runs deeper than running
+        requests; so every planned pick is measured: `Concentration.read_points`): undo that pick and the ones after it as
         `settle` undoes unadmitted picks; the requests skipped while taking it stay skipped, as they would
         after the admission before it."""
         candidates = plan.candidates
-        cut = next(
-            (
-                i
-                for i in range(mark, len(candidates))
-                if candidates[i].depth_running == 0
-                or candidates[i].depth_cached > candidates[i].depth_running
-            ),
-            None,
-        )
-        if cut is None:
+        measured = list(map(Concentration.is_measured, candidates[mark:]))
+        if all(measured):
             return
+        cut = mark + measured.index(False)
         for candidate in reversed(candidates[cut : plan.num_activated]):
             tree.deactivate(candidate.request_id)
         num_kept_skips = plan.skip_ends[cut]

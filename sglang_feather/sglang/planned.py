@@ -30,10 +30,10 @@ from sglang_feather.sglang.slots import QueueSlots
 
 @dataclass(frozen=True, slots=True)
 class Settled:
-    """What settling a plan booked, for the metrics: each admission's shared-depth change and the stopper's
-    consults it counted (those on a pick that adds a prefix group, and the others)."""
+    """What settling a plan booked, for the metrics: the admitted picks and the stopper's consults it counted
+    (those on a pick that adds a prefix group, and the others)."""
 
-    deltas: list[int]
+    admitted: list[Candidate]
     num_group_consults: int
     num_other_consults: int
 
@@ -118,9 +118,11 @@ class PlannedPasses:
         if self._block_missing is not None:
             self._block_missing *= 2
         rule = self.admission.concentration
-        if self.room_reads is not None and rule is not None:
-            previous = self.picks[-1] if self.picks else None
-            self.room_reads += rule.read_points(picks, previous, len(self.picks))
+        if (
+            self.room_reads is not None and rule is not None
+        ):  # the plan's picks are measured: see `read_points`
+            after = True if self.picks else rule.last_measured
+            self.room_reads += rule.read_points(len(self.picks), len(picks), after)
         self.picks += picks
         planned += self.slots.place(picks, self.plan_slot + len(planned))
 
@@ -183,7 +185,7 @@ class PlannedPasses:
         admitted = self.admission.settle(num_admitted, self._refused, rooms)
         num_new_group = stats.num_group_consults - num_group
         return Settled(
-            [each.delta for each in admitted],
+            admitted,
             num_new_group,
             stats.num_consults - num_consults - num_new_group,
         )

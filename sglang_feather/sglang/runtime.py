@@ -350,7 +350,7 @@ class FeatherRuntime:
     def _record(self, settled: Settled | None) -> None:
         """Count what a settled plan booked in the metrics."""
         if settled is not None and self.metrics is not None:
-            self.metrics.admitted_all(settled.deltas)
+            self.metrics.admitted_all([each.delta for each in settled.admitted])
             self.metrics.consulted_all(settled.num_group_consults, settled.num_other_consults)
 
     def plan_reached(self, can_run: list[Any]) -> None:

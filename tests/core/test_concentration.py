@@ -3,6 +3,7 @@
 from collections import Counter
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -167,10 +168,10 @@ def _new_group(rid: str) -> Candidate:
 def test_a_run_is_read_where_it_turns_and_before_the_passs_power_of_two_admissions():
     """Step by step (a read at every decision), the rule uses the reads before the 1st, 2nd, 4th, ... admission
     and where measured and unmeasured admissions meet; a pass that ends with no read after its last admission
-    measures its run up to the last used read. The planned pass reads at exactly those points."""
+    measures its run up to the last used read. A plan (measured picks only) after the pass's first admission
+    reads at exactly those points and replays to the same `p`."""
     conc = Concentration(CHUNK)
-    picks = [_new_group("g"), *(_joins(f"j{i}", 1 + i % 3) for i in range(6)), _new_group("h")]
-    assert conc.read_points(picks, None, 0) == [True, True, True, False, True, False, False, True]
+    picks = [_new_group("g"), *(_joins(f"j{i}", 1 + i % 3) for i in range(6))]
     room = 10_000
     for pick in picks[:6]:  # g, then j0-j4 take 4 + (1 + i % 3) * 4 tokens each (a promise of 4)
         conc.room_seen(KvHeadroom(room, 20_000))
@@ -181,9 +182,28 @@ def test_a_run_is_read_where_it_turns_and_before_the_passs_power_of_two_admissio
     assert conc.mean_cost_tokens == (8 + 12 + 16) / 3
     assert conc.promise_tokens == 4
     planned = Concentration(CHUNK)
-    planned.replay({0: 10_000, 1: 9_964, 2: 9_956, 4: 9_928}, picks[:6])
+    planned.room_seen(KvHeadroom(10_000, 20_000))
+    planned.admitted(picks[0])  # g steps; j0-j5 are planned after it
+    assert planned.read_points(0, 6, planned.last_measured) == [True, True, False, True, False, False]
+    planned.replay({0: 9_964, 1: 9_956, 3: 9_928}, picks[1:6])
     planned.pass_ended()
     assert (planned.mean_cost_tokens, planned.promise_tokens) == (conc.mean_cost_tokens, conc.promise_tokens)
+
+
+@pytest.mark.parametrize("after_measured", [None, True, False])
+def test_a_planned_blocks_reads_are_the_read_points_of_measured_admissions(after_measured):
+    """`read_points` (a power of two at a time) against `_is_read_point` asked at every admission of a block of
+    measured picks, for blocks starting anywhere in a pass."""
+    for start in range(70):
+        for num_picks in (0, 1, 2, 3, 7, 40, 130):
+            expected = [
+                Concentration._is_read_point(k, after_measured if k == start else True, True)
+                for k in range(start, start + num_picks)
+            ]
+            assert Concentration(CHUNK).read_points(start, num_picks, after_measured) == expected, (
+                start,
+                num_picks,
+            )
 
 
 def test_off_holds_nothing_and_either_way_passes_can_be_planned():
