@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -202,8 +203,14 @@ class Concentration:
         measured: see `read_points`): the first `len(admitted)` were admitted, in order, and the engine had
         `rooms[i]` tokens of room (None: it could not say) before the i-th, read where `read_points` said
         (`rooms[len(admitted)]`: after the last, read at a refusal)."""
+        points = sorted(rooms)
+        num_inside = bisect_left(points, len(admitted))
+        if num_inside > 2 and None not in rooms.values():
+            # Past the first read among the admissions each read only extends the open run (the admissions are
+            # measured and every read says), so the last one books what all of them would have.
+            points = [points[0], points[num_inside - 1], *points[num_inside:]]
         done = 0
-        for i in sorted(rooms):
+        for i in points:
             if i > done:
                 self._admitted_all(i - done, True, self.prompt_tokens_all(admitted[done:i]))
             self._read_room, self._read_at = rooms[i], self._num_admitted

@@ -4,7 +4,7 @@ from collections import Counter
 
 import hypothesis.strategies as st
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sglang_feather.admission import Admission, AdmissionConfig, KvHeadroom
@@ -440,3 +440,55 @@ def test_the_machine_reaches_holds():
     assert machine.num_checked > 0 and reference_runs(machine.events)
     assert machine.adm.stats.num_concentrated > 0
     machine.teardown()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    before=st.lists(st.booleans(), max_size=6),
+    sizes=st.lists(st.integers(1, 5), min_size=1, max_size=40),
+    data=st.data(),
+)
+def test_a_replayed_plan_books_what_the_step_path_books(before, sizes, data):
+    """`replay` (which skips the reads that only extend the open run) against the step path's `room_seen` and
+    `admitted` at each of the plan's reads, after step admissions earlier in the pass (measured or not), with
+    reads the engine could not answer, a refusal read or none, over several passes."""
+    step, planned = Concentration(CHUNK), Concentration(CHUNK)
+    for _ in range(3):
+        room = 50_000
+        for conc in (step, planned):  # the pass's admissions before the plan, step by step
+            r = room
+            for i, measured in enumerate(before):
+                pick = _joins(f"s{i}", 2) if measured else _new_group(f"s{i}")
+                conc.room_seen(KvHeadroom(r, 100_000))
+                conc.admitted(pick)
+                r -= 4 + pick.num_missing * CHUNK
+        room -= sum(4 + (2 if m else 8) * CHUNK for m in before)
+        picks = [_joins(f"p{i}", size) for i, size in enumerate(sizes)]
+        reads = planned.read_points(0, len(picks), planned.last_measured)
+        num_admitted = data.draw(st.integers(0, len(picks)))
+        rooms: dict[int, int | None] = {}
+        for k in range(num_admitted + 1):
+            if (
+                k < num_admitted
+                and reads[k]
+                or k == num_admitted
+                and k < len(picks)
+                and data.draw(st.booleans())
+            ):
+                rooms[k] = None if data.draw(st.integers(0, 5)) == 0 else room
+            if k < num_admitted:
+                room -= 4 + picks[k].num_missing * CHUNK
+        for k, pick in enumerate(picks[:num_admitted]):
+            if k in rooms:
+                step.room_seen(None if rooms[k] is None else KvHeadroom(rooms[k], 100_000))
+            step.admitted(pick)
+        if num_admitted in rooms:
+            step.room_seen(None if rooms[num_admitted] is None else KvHeadroom(rooms[num_admitted], 100_000))
+        planned.replay(rooms, picks[:num_admitted])
+        step.pass_ended()
+        planned.pass_ended()
+        assert (planned.mean_cost_tokens, planned.promise_tokens) == (
+            step.mean_cost_tokens,
+            step.promise_tokens,
+        )
+        assert list(planned._runs) == list(step._runs)
