@@ -135,26 +135,22 @@ class Concentration:
         (its queue or its batch full) still measures at least half of its last run."""
         return last_measured is None or last_measured != measured or num_admitted & (num_admitted - 1) == 0
 
-    def read_points(self, num_planned: int, num_picks: int, after_measured: bool | None) -> list[bool]:
+    def read_points(self, num_planned: int, num_picks: int) -> list[bool]:
         """Whether the rule uses the room read before each of a planned block's `num_picks` picks, admitted in
-        order after `num_planned` earlier picks of the plan (`after_measured`: whether the admission before the
-        block was measured; None: it is the pass's first). A plan holds measured picks only (it ends before any
-        other: `Planner`), so a run turns only at the block's first pick and the other reads are the powers of
-        two: O(log) checks, not one a pick. A planned pass reads the room there, and after a refusal."""
+        order after `num_planned` earlier picks of the plan, which follows this pass's admissions so far. A plan
+        holds measured picks only (it ends before any other: `Planner`), so a run turns only at the plan's first
+        pick and the other reads are the powers of two: O(log) checks, not one a pick. A planned pass reads the
+        room there, and after a refusal."""
         start = self._num_admitted + num_planned
+        after_measured = True if num_planned else self._last_measured
         points = [False] * num_picks
         if num_picks and self._is_read_point(start, after_measured, True):
             points[0] = True
-        k = 1 << max(0, start).bit_length()  # the first power of two after `start`
+        k = 1 << start.bit_length()  # the first power of two after `start`
         while k < start + num_picks:
             points[k - start] = self._is_read_point(k, True, True)
             k <<= 1
         return points
-
-    @property
-    def last_measured(self) -> bool | None:
-        """Whether this pass's last admission was measured (None: none yet)."""
-        return self._last_measured
 
     def prompt_tokens(self, candidate: Candidate) -> int:
         """The prompt tokens admitting `candidate` takes beyond what running requests lock."""

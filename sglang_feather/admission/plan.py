@@ -33,8 +33,9 @@ from sglang_feather.types import RequestId
 # before the first pick that could lock a new prefix (one whose group runs nowhere, or whose cached prefix
 # runs deeper than running requests hold it: the only picks the rule can hold back), which the step-by-step
 # path then decides with the engine's room; every planned pick joins a running group, which the rule never
-# holds back and measures (`Concentration.is_measured` draws the line). The engine puts the planned requests where its loop reaches next and its budgets decide how
-# many join: admissions are a prefix of the plan, since its loop stops at the first refusal.
+# holds back and measures (`Concentration.is_measured` draws the line). The engine puts the planned requests
+# where its loop reaches next and its budgets decide how many join: admissions are a prefix of the plan, since
+# its loop stops at the first refusal.
 # `settle(num_admitted, refused)` does for that prefix what `decide` and `accept` do one request at a time
 # (consults, stats, the real guard; the admission rolls the reward window and shows the concentration rule
 # the room the engine reported at each planned pick), counts the first refused pick as withdrawn when the loop
@@ -229,9 +230,9 @@ class Planner:
     def _stop_at_new_prefix(self, tree: ChunkedHashTree, plan: PassPlan, mark: int) -> None:
         """End the plan before its first pick from `mark` on that could lock a new prefix, the first one the
         concentration rule does not measure (its group runs nowhere, or its cache hit runs deeper than running
-        requests; so every planned pick is measured: `Concentration.read_points`): undo that pick and the ones after it as
-        `settle` undoes unadmitted picks; the requests skipped while taking it stay skipped, as they would
-        after the admission before it."""
+        requests; so every planned pick is measured: `Concentration.read_points`): undo that pick and the ones
+        after it as `settle` undoes unadmitted picks; the requests skipped while taking it stay skipped, as they
+        would after the admission before it."""
         candidates = plan.candidates
         measured = list(map(Concentration.is_measured, candidates[mark:]))
         if all(measured):

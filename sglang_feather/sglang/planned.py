@@ -118,11 +118,8 @@ class PlannedPasses:
         if self._block_missing is not None:
             self._block_missing *= 2
         rule = self.admission.concentration
-        if (
-            self.room_reads is not None and rule is not None
-        ):  # the plan's picks are measured: see `read_points`
-            after = True if self.picks else rule.last_measured
-            self.room_reads += rule.read_points(len(self.picks), len(picks), after)
+        if self.room_reads is not None and rule is not None:
+            self.room_reads += rule.read_points(len(self.picks), len(picks))
         self.picks += picks
         planned += self.slots.place(picks, self.plan_slot + len(planned))
 

@@ -184,26 +184,38 @@ def test_a_run_is_read_where_it_turns_and_before_the_passs_power_of_two_admissio
     planned = Concentration(CHUNK)
     planned.room_seen(KvHeadroom(10_000, 20_000))
     planned.admitted(picks[0])  # g steps; j0-j5 are planned after it
-    assert planned.read_points(0, 6, planned.last_measured) == [True, True, False, True, False, False]
+    assert planned.read_points(0, 6) == [True, True, False, True, False, False]
     planned.replay({0: 9_964, 1: 9_956, 3: 9_928}, picks[1:6])
     planned.pass_ended()
     assert (planned.mean_cost_tokens, planned.promise_tokens) == (conc.mean_cost_tokens, conc.promise_tokens)
 
 
-@pytest.mark.parametrize("after_measured", [None, True, False])
-def test_a_planned_blocks_reads_are_the_read_points_of_measured_admissions(after_measured):
+@pytest.mark.parametrize("last_step_measured", [True, False])
+def test_a_planned_blocks_reads_are_the_read_points_of_measured_admissions(last_step_measured):
     """`read_points` (a power of two at a time) against `_is_read_point` asked at every admission of a block of
-    measured picks, for blocks starting anywhere in a pass."""
-    for start in range(70):
-        for num_picks in (0, 1, 2, 3, 7, 40, 130):
-            expected = [
-                Concentration._is_read_point(k, after_measured if k == start else True, True)
-                for k in range(start, start + num_picks)
-            ]
-            assert Concentration(CHUNK).read_points(start, num_picks, after_measured) == expected, (
-                start,
-                num_picks,
-            )
+    measured picks, for plans after 0-69 step admissions of the pass (the last measured or not) and blocks
+    after 0 or more earlier picks of the plan."""
+    for num_steps in range(70):
+        conc = Concentration(CHUNK)
+        for i in range(num_steps):
+            measured = last_step_measured or i < num_steps - 1
+            conc.admitted(_joins(f"s{i}", 1) if measured else _new_group(f"s{i}"))
+        for num_planned in (0, 1, 3, 30):
+            start = num_steps + num_planned
+            if num_planned:
+                after = True  # the plan's earlier picks, all measured
+            else:
+                after = None if num_steps == 0 else last_step_measured
+            for num_picks in (0, 1, 2, 3, 7, 40, 130):
+                expected = [
+                    Concentration._is_read_point(k, after if k == start else True, True)
+                    for k in range(start, start + num_picks)
+                ]
+                assert conc.read_points(num_planned, num_picks) == expected, (
+                    num_steps,
+                    num_planned,
+                    num_picks,
+                )
 
 
 def test_off_holds_nothing_and_either_way_passes_can_be_planned():
@@ -464,7 +476,7 @@ def test_a_replayed_plan_books_what_the_step_path_books(before, sizes, data):
                 r -= 4 + pick.num_missing * CHUNK
         room -= sum(4 + (2 if m else 8) * CHUNK for m in before)
         picks = [_joins(f"p{i}", size) for i, size in enumerate(sizes)]
-        reads = planned.read_points(0, len(picks), planned.last_measured)
+        reads = planned.read_points(0, len(picks))
         num_admitted = data.draw(st.integers(0, len(picks)))
         rooms: dict[int, int | None] = {}
         for k in range(num_admitted + 1):
