@@ -140,19 +140,22 @@ class FeatherAdderMixin(_AdderHost):
 
 def kv_free_tokens(adder: Any) -> int | None:
     """`kv_headroom(adder).num_free_tokens`, without building the headroom (None where it is None)."""
-    try:
-        if int(adder.token_to_kv_pool_allocator.size) <= 0:
-            return None
-        return max(0, int(adder.rem_total_tokens))
-    except (AttributeError, TypeError, ValueError):
-        return None
+    room = _kv_room(adder)
+    return None if room is None else room[0]
 
 
 def kv_headroom(adder: Any) -> KvHeadroom | None:
     """SGLang's PrefillAdder's KV room: `rem_total_tokens` (free plus evictable, less what running and admitted
     requests are promised) over the token pool's size; None where this SGLang build does not say."""
+    room = _kv_room(adder)
+    return None if room is None else KvHeadroom(*room)
+
+
+def _kv_room(adder: Any) -> tuple[int, int] | None:
+    """(`rem_total_tokens`, at least 0; the token pool's size), or None where the pool has no size or this SGLang
+    build does not say."""
     try:
         total = int(adder.token_to_kv_pool_allocator.size)
-        return KvHeadroom(max(0, int(adder.rem_total_tokens)), total) if total > 0 else None
+        return (max(0, int(adder.rem_total_tokens)), total) if total > 0 else None
     except (AttributeError, TypeError, ValueError):
         return None
